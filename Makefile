@@ -1,0 +1,64 @@
+# icml26 — the two commands are `make reproduce` and `make test`; both set up .venv when needed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.icml26-installed
+# Debian packages some papers need (audio_watermark: speech corpus, resampling, MP3 attack).
+SYSTEM_PACKAGES := espeak-ng sox lame
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export OMP_NUM_THREADS ?= 1
+export FLWR_DISABLE_UPDATE_CHECK := 1
+
+.PHONY: install test reproduce report lint bench system-deps clean help
+
+help:
+	@echo "make reproduce   every implemented paper's quick reproduction, one table (writes results/, README tables)"
+	@echo "make test        the test suite (not the slow tier) and 'icml26 report --check'"
+	@echo "make lint | bench | report | clean"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=25.1"
+
+# Re-install only when pyproject.toml changed (the stamp is older than it).
+$(STAMP): pyproject.toml | $(PY)
+	@$(MAKE) --no-print-directory system-deps
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[all]" --group dev
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+# Installs the Debian packages when this user can (root with apt-get); otherwise says what is missing.
+# Never fails: the code that needs a package raises a clear error naming it.
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian packages:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	    || echo "warning: could not install$$missing; papers that need them will say so"; \
+	else echo "note: Debian packages missing:$$missing (apt-get install -y$$missing); papers that need them will say so"; fi
+
+test: $(STAMP)
+	$(PY) -m pytest
+	$(VENV)/bin/icml26 report --check
+
+reproduce: $(STAMP)
+	$(VENV)/bin/icml26 reproduce --mode quick
+	$(VENV)/bin/icml26 report
+
+report: $(STAMP)
+	$(VENV)/bin/icml26 report
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	@set -e; for b in benchmarks/*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) "$$b"; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

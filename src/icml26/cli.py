@@ -1,0 +1,207 @@
+"""The ``icml26`` command: ``list | info SLUG | reproduce [SLUG ...] | report [--check]``.
+
+Exit codes: 0 success; 1 a failed run or stale tables (``report --check``); 2 a usage error (unknown slug,
+planned paper, missing extra, bad option).
+
+Example:
+    >>> main(["list", "shampoo"])  # doctest: +ELLIPSIS
+    #   slug ...
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .common.optional import install_hint
+from .registry import Paper, UnknownPaperError, get_paper, list_papers, missing_extras
+
+
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds must be distinct non-negative integers, got {text!r}")
+    return seeds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="icml26", description="Working implementations and CPU-scale reproductions of ICML 2026 papers.")
+    parser.add_argument("--version", action="version", version=f"icml26 {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_list = sub.add_parser("list", help="list the papers (number, slug, kind, status)")
+    p_list.add_argument("pattern", nargs="?", help="glob on the slug, or a substring of slug or title")
+
+    p_info = sub.add_parser("info", help="a paper's card: claims, extras, how to reproduce")
+    p_info.add_argument("slug")
+
+    p_rep = sub.add_parser("reproduce", help="run reproductions and write results/<slug>/<mode>.json")
+    p_rep.add_argument("slugs", nargs="*", metavar="SLUG", help="papers to run (default: every implemented one)")
+    p_rep.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
+    p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
+    p_rep.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
+
+    p_report = sub.add_parser("report", help="regenerate the README tables from results/")
+    p_report.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
+    p_report.add_argument("--root", type=Path, default=None, help="project root (default: found from cwd)")
+    return parser
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    papers = list_papers(args.pattern)
+    if not papers:
+        print(f"no paper matches {args.pattern!r}", file=sys.stderr)
+        return 1
+    width = max(len(p.slug) for p in papers)
+    kwidth = max(len(p.kind) for p in papers)
+    print(f"{'#':<3} {'slug':<{width}}  {'kind':<{kwidth}}  {'status':<11}  paper")
+    for p in papers:
+        print(f"{p.number:02d}  {p.slug:<{width}}  {p.kind:<{kwidth}}  {p.status:<11}  {p.short}")
+    return 0
+
+
+def _extras_line(paper: Paper, which: str) -> str:
+    extras = getattr(paper, which)
+    if not extras:
+        return "none"
+    missing = missing_extras(paper, which)
+    parts = [f"{e} ({'missing: ' + install_hint(e) if e in missing else 'installed'})" for e in extras]
+    return ", ".join(parts)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    p = get_paper(args.slug)
+    wrap = lambda s, ind="  ": textwrap.fill(s, 100, initial_indent=ind, subsequent_indent=ind)  # noqa: E731
+    print(f"{p.number:02d} {p.slug} — {p.title}")
+    print(f"  {p.venue}; {p.authors}" if p.authors else f"  {p.venue}")
+    print(f"  {p.url}")
+    print(f"  official code: {p.code}")
+    print(f"  kind: {p.kind}; component: {p.component}")
+    print(f"  status: {p.status}" + (f" (issue #{p.issue})" if p.issue else ""))
+    print(f"  extras to reproduce: {_extras_line(p, 'extras')}")
+    print(f"  extras for the ecosystem adapters: {_extras_line(p, 'component_extras')}")
+    print()
+    print(wrap(p.summary))
+    if p.reconstructed:
+        print()
+        print(wrap("Reconstructed: " + p.reconstructed))
+    print("\nclaims:")
+    for c in p.claims:
+        print(f"- {c.id}{' (headline)' if c.headline else ''}: {c.text}")
+        print(f"    paper: {c.paper}")
+        print(f"    check: {c.check.text}   [modes: {', '.join(c.modes)}]")
+    print("\nmodes:")
+    for m in p.modes.values():
+        print(f"  {m.name}: seeds {list(m.seeds)}, budget {m.budget_s:.0f} s")
+    if p.implemented:
+        print(f"\nreproduce: icml26 reproduce {p.slug} --mode quick")
+    else:
+        print(f"\n{p.slug} is not implemented yet.")
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .runner import ReproduceError, run_paper
+
+    if args.slugs:
+        papers = [get_paper(s) for s in args.slugs]  # UnknownPaperError -> exit 2 in main
+        planned = [p.slug for p in papers if not p.implemented]
+        if planned:
+            print(f"error: not implemented yet: {', '.join(planned)} (status: planned; see `icml26 info SLUG`)",
+                  file=sys.stderr)
+            return 2
+    else:
+        papers = [p for p in list_papers() if p.implemented]
+        if not papers:
+            print("no paper is implemented yet; nothing to reproduce", file=sys.stderr)
+            return 0
+    for p in papers:
+        missing = missing_extras(p)
+        if missing:
+            hints = " && ".join(install_hint(e) for e in missing)
+            print(f"error: {p.slug} needs extras {sorted(missing)} that are not installed; run: {hints}",
+                  file=sys.stderr)
+            return 2
+    rows: list[list[str]] = []
+    failed = False
+    for p in papers:
+        try:
+            result = run_paper(p, mode=args.mode, seeds=args.seeds, out_dir=args.out)
+        except ReproduceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        for c in result["claims"]:
+            rows.append([p.slug, c["id"], c["ours"], c["paper"]["value"], "yes" if c["holds"] else "NO",
+                         f"{result['wall_s']:.0f} s"])
+        print(f"{p.slug}: wrote {args.out / p.slug / (args.mode + '.json')}", file=sys.stderr)
+    if rows:
+        from .report import markdown_table
+
+        print(markdown_table(["paper", "claim", "ours", "paper's value", "holds?", "time"], rows))
+    return 1 if failed else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import ReportError, update
+
+    try:
+        outcome = update(args.root, check=args.check)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for problem in outcome.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    verb = "stale" if args.check else "updated"
+    for path in outcome.changed:
+        print(f"{verb}: {path}")
+    if args.check:
+        if not outcome.ok:
+            print("tables are stale or results are missing; run `icml26 report` (after `icml26 reproduce`)",
+                  file=sys.stderr)
+            return 1
+        print("report: all tables are up to date")
+        return 0
+    return 1 if outcome.problems else 0
+
+
+COMMANDS = {"list": _cmd_list, "info": _cmd_info, "reproduce": _cmd_reproduce, "report": _cmd_report}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help/--version
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except UnknownPaperError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `icml26 info x | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

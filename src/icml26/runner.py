@@ -1,0 +1,185 @@
+"""``icml26 reproduce``: run a paper's experiment over seeds, decide its claims, write the result JSON.
+
+An experiment module ``icml26.<slug>.experiment`` provides:
+
+- ``Config``: a dataclass with a ``seed: int`` field (and a docstring under each field);
+- ``PRESETS: dict[str, Config]`` with keys ``smoke``, ``quick``, ``full``;
+- ``run(cfg: Config) -> SeedRun``: one seed's metrics ``{arm: {metric: float}}``;
+- optionally ``plot(runs: list[SeedRun], result: dict, out_dir: Path) -> list[Path]`` writing PNG files
+  named ``<mode>_<what>.png`` (``result["mode"]``) so that modes do not overwrite each other.
+
+The runner seeds everything, sets one torch thread (or ``cfg.threads``), runs every seed, aggregates mean ±
+std, evaluates each of the card's claims for this mode with its check, and writes
+``<out>/<slug>/<mode>.json`` atomically. Nothing else writes result files.
+
+Example (a planned paper cannot be reproduced):
+    >>> from icml26.registry import get_paper
+    >>> try:
+    ...     run_paper(get_paper("sarl"), mode="smoke", out_dir="/tmp/unused")
+    ... except NotImplementedPaperError as exc:
+    ...     print(type(exc).__name__)
+    NotImplementedPaperError
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import importlib
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .common.claims import ours_text
+from .common.optional import install_hint
+from .common.progress import progress
+from .common.repro import environment, seed_everything, set_threads
+from .common.results import MODES, SeedRun, aggregate_arms, write_result
+from .registry import Paper, missing_extras
+
+
+class ReproduceError(RuntimeError):
+    """A reproduction cannot run or its experiment broke the contract; the message says why."""
+
+
+class NotImplementedPaperError(ReproduceError):
+    """The paper's card says ``status = "planned"``."""
+
+
+class MissingExtrasError(ReproduceError):
+    """An extra the paper needs is not installed; the message names the pip command."""
+
+
+def load_experiment(paper: Paper) -> ModuleType:
+    """Import ``icml26.<slug>.experiment`` and check it follows the experiment contract."""
+    module = importlib.import_module(f"icml26.{paper.slug}.experiment")
+    check_experiment_module(module, paper.slug)
+    return module
+
+
+def check_experiment_module(module: ModuleType, slug: str) -> None:
+    """Raise ``ReproduceError`` unless ``module`` has ``Config``, ``PRESETS`` (all modes) and ``run``."""
+    config = getattr(module, "Config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        raise ReproduceError(f"{slug}: experiment.Config must be a dataclass")
+    if "seed" not in {f.name for f in dataclasses.fields(config)}:
+        raise ReproduceError(f"{slug}: experiment.Config needs a 'seed' field")
+    presets = getattr(module, "PRESETS", None)
+    if not isinstance(presets, dict) or set(presets) != set(MODES):
+        raise ReproduceError(f"{slug}: experiment.PRESETS must have exactly the keys {MODES}")
+    if not all(isinstance(p, config) for p in presets.values()):
+        raise ReproduceError(f"{slug}: every PRESETS value must be an experiment.Config")
+    if not callable(getattr(module, "run", None)):
+        raise ReproduceError(f"{slug}: experiment.run(cfg) -> SeedRun is missing")
+
+
+def _jsonable_config(cfg: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.name == "seed":
+            continue
+        value = getattr(cfg, f.name)
+        if isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = None,
+              out_dir: str | Path = "results", experiment: ModuleType | None = None,
+              show_progress: bool = True) -> dict[str, Any]:
+    """Reproduce ``paper`` in ``mode`` over ``seeds`` and write ``<out_dir>/<slug>/<mode>.json``.
+
+    Args:
+        paper: the card (``icml26.registry.get_paper(slug)``).
+        mode: ``smoke``, ``quick`` or ``full``.
+        seeds: seeds to run (default: the card's seeds for ``mode``).
+        out_dir: results root; the JSON goes to ``out_dir/<slug>/<mode>.json``, plots beside it.
+        experiment: an experiment module to use instead of ``icml26.<slug>.experiment`` (tests).
+        show_progress: draw a bar over seeds (still silent when not a terminal).
+
+    Returns:
+        The result dict that was written.
+
+    Raises:
+        NotImplementedPaperError, MissingExtrasError, ReproduceError, ValueError (bad mode or seeds).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if experiment is None and not paper.implemented:
+        raise NotImplementedPaperError(
+            f"{paper.slug} is not implemented yet (status: planned); see `icml26 info {paper.slug}`"
+            + (f" and issue #{paper.issue}" if paper.issue else "")
+        )
+    missing = missing_extras(paper)
+    if missing:
+        lines = "; ".join(f"extra {e!r} lacks {', '.join(d)}" for e, d in missing.items())
+        raise MissingExtrasError(
+            f"{paper.slug} needs optional dependencies that are not installed ({lines}); install them with: "
+            + " && ".join(install_hint(e) for e in missing)
+        )
+    seeds = list(paper.modes[mode].seeds if seeds is None else seeds)
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of non-negative ints, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds!r}")
+
+    exp = experiment if experiment is not None else load_experiment(paper)
+    if experiment is not None:
+        check_experiment_module(exp, paper.slug)
+    base_cfg = exp.PRESETS[mode]
+    set_threads(int(getattr(base_cfg, "threads", 1)))
+
+    t0 = time.perf_counter()
+    runs: list[SeedRun] = []
+    bar = progress(seeds, desc=f"{paper.slug} {mode}") if show_progress else seeds
+    for seed in bar:
+        cfg = dataclasses.replace(base_cfg, seed=seed)
+        seed_everything(seed)
+        run = exp.run(cfg)
+        if not isinstance(run, SeedRun):
+            raise ReproduceError(f"{paper.slug}: experiment.run must return a SeedRun, got {type(run).__name__}")
+        bad = [f"{a}.{m}" for a, ms in run.metrics.items() for m, v in ms.items() if not math.isfinite(v)]
+        if bad:
+            print(f"warning: {paper.slug} seed {seed}: non-finite metrics {bad}", file=sys.stderr)
+        runs.append(run)
+    wall_s = time.perf_counter() - t0
+
+    try:
+        arms = aggregate_arms(runs)
+    except ValueError as exc:
+        raise ReproduceError(f"{paper.slug}: {exc}") from exc
+    claims = []
+    for claim in paper.claims_for(mode):
+        try:
+            outcome = claim.check.evaluate(arms)
+        except (KeyError, ValueError) as exc:
+            raise ReproduceError(f"{paper.slug}: claim {claim.id!r}: {exc.args[0]}") from exc
+        notes = sorted({r.notes[claim.id] for r in runs if claim.id in r.notes})
+        why = outcome.why + "".join(f". {n}" for n in notes)
+        claims.append({
+            "id": claim.id, "text": claim.text, "check": claim.check.text, "paper": claim.paper.as_dict(),
+            "ours": ours_text(claim.check, arms), "holds": outcome.holds, "why": why,
+        })
+
+    result = {
+        "slug": paper.slug, "mode": mode, "seeds": seeds, "config": _jsonable_config(base_cfg),
+        "arms": arms, "claims": claims, "env": environment(), "wall_s": round(wall_s, 3),
+        "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+    }
+    target_dir = Path(out_dir) / paper.slug
+    write_result(target_dir / f"{mode}.json", result)
+    plot = getattr(exp, "plot", None)
+    if callable(plot):
+        plot(runs, result, target_dir)
+    budget = paper.modes[mode].budget_s
+    if wall_s > budget:
+        print(f"warning: {paper.slug} {mode} took {wall_s:.1f} s, over its budget of {budget:.0f} s",
+              file=sys.stderr)
+    return result
