@@ -148,7 +148,7 @@ def _req(table: dict[str, Any], key: str, typ: type | tuple[type, ...], where: s
     if key not in table:
         raise CardError(f"{where}: missing field {key!r}")
     value = table[key]
-    if not isinstance(value, typ) or isinstance(value, bool) and typ is not bool:
+    if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
         raise CardError(f"{where}: field {key!r} must be {names}, got {type(value).__name__}")
     return value

@@ -1,0 +1,47 @@
+"""One recipe line per component: the contract suites below run every entry.
+
+Add a paper's optimizer to ``OPTIMIZERS`` and its sklearn-style estimators to ``ESTIMATORS`` when it lands.
+The torch/sklearn entries are the suites' self-tests: they prove the contracts themselves pass on reference
+implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """How to build an optimizer for the contract suite."""
+
+    name: str
+    factory: Callable[..., Any]
+    """``factory(params, **overrides) -> torch.optim.Optimizer``"""
+    lr: float = 1e-2
+    """learning rate that converges on the contract's quadratic within ``steps``"""
+    steps: int = 300
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _adamw(params, **kw):
+    import torch
+
+    return torch.optim.AdamW(params, **kw)
+
+
+OPTIMIZERS: list[OptimizerRecipe] = [
+    OptimizerRecipe("torch.optim.AdamW (contract self-test)", _adamw, lr=5e-2),
+]
+
+
+def _scaler():
+    from sklearn.preprocessing import StandardScaler
+
+    return StandardScaler()
+
+
+#: factories of unfitted estimators for ``sklearn.utils.estimator_checks.parametrize_with_checks``
+ESTIMATORS: list[Callable[[], Any]] = [_scaler]
