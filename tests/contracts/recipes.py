@@ -32,8 +32,19 @@ def _adamw(params, **kw):
     return torch.optim.AdamW(params, **kw)
 
 
+def _shampoo(params, **kw):
+    from icml26.shampoo import Shampoo
+
+    return Shampoo(params, **kw)
+
+
 OPTIMIZERS: list[OptimizerRecipe] = [
     OptimizerRecipe("torch.optim.AdamW (contract self-test)", _adamw, lr=5e-2),
+    OptimizerRecipe("icml26.shampoo.Shampoo two-sided, Adam grafting", _shampoo, lr=5e-2,
+                    extra={"precondition_frequency": 5}),
+    OptimizerRecipe("icml26.shampoo.Shampoo one-sided, no grafting", _shampoo, lr=0.3,
+                    extra={"exponents": "left", "grafting": "none", "precondition_frequency": 1,
+                           "max_preconditioner_dim": 4}),
 ]
 
 

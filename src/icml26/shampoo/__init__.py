@@ -1,10 +1,18 @@
 """AdamW-style Shampoo optimizer (one- and two-sided preconditioning).
 
-Paper: "Convergence Rate Analysis of the AdamW-style Shampoo: Unifying One-sided and Two-Sided Preconditioning", ICML 2026. https://arxiv.org/abs/2601.07326
+Paper: "Convergence Rate Analysis of the AdamW-style Shampoo: Unifying One-sided and Two-Sided
+Preconditioning", Huan Li, Yiming Dong, Zhouchen Lin, ICML 2026. https://arxiv.org/abs/2601.07326
 
-AdamW-style Shampoo: an EMA of gradients preconditioned on both sides (or one side) by inverse matrix roots of
-EMA Kronecker factors, X <- (1 - lr wd) X - lr L^(-1/2p) M R^(-1/2q) with 1/p + 1/q = 1; the paper proves an
-O(sqrt(m+n) C / K^(1/4)) rate for the average nuclear norm of the gradient, matching SGD's in the ideal case.
+Shampoo keeps an EMA of gradients and two EMA Kronecker factors L = E[G G^T], R = E[G^T G] per matrix parameter,
+and steps along L^(-1/(2p)) M R^(-1/(2q)) with 1/p + 1/q = 1 and AdamW's decoupled weight decay. The paper
+proves (1/K) sum_k E||grad f(X_k)||_* <= O(sqrt(m+n) C / K^(1/4)) for one- and two-sided preconditioning.
 
-Status: planned — not implemented yet (issue #5). ``icml26 info shampoo`` shows the card and its claims.
+``Shampoo`` is a drop-in ``torch.optim.Optimizer`` with Adam grafting, amortised eigendecomposition roots,
+blocking of large dimensions and a pure update function ``shampoo_update``. Not implemented: Meta's
+distributed sharding of the root work (DDP works by all-reducing gradients), eigenvalue-corrected variants
+(SOAP), Newton-iteration roots, iterate averaging. The exact update rule is reconstructed (see README).
 """
+
+from .optimizer import Shampoo, matrix_inverse_root, resolve_exponents, shampoo_update
+
+__all__ = ["Shampoo", "matrix_inverse_root", "resolve_exponents", "shampoo_update"]

@@ -1,0 +1,453 @@
+"""AdamW-style Shampoo as a ``torch.optim.Optimizer``, with its pure per-parameter update function above it.
+
+For a matrix parameter X in R^{m x n} (conv weights are reshaped to (out, in*kh*kw)) at step k:
+
+    G_k = grad f(X_k)
+    M_k = b1 M_{k-1} + (1 - b1) G_k                          first moment (EMA)
+    L_k = b2 L_{k-1} + (1 - b2) G_k G_k^T                    left Kronecker factor
+    R_k = b2 R_{k-1} + (1 - b2) G_k^T G_k                    right Kronecker factor
+    D_k = (L^_k + eps I)^(-1/(2p)) M^_k (R^_k + eps I)^(-1/(2q)),   1/p + 1/q = 1
+    X_{k+1} = (1 - lr wd) X_k - lr D_k
+
+with bias-corrected M^ = M / (1 - b1^k), L^ = L / (1 - b2^k), R^ = R / (1 - b2^k) (Li, Dong & Lin 2026;
+practical choices from Meta's Distributed Shampoo). ``exponents = (1/(2p), 1/(2q))``: ``(1/4, 1/4)`` is
+two-sided (classical) Shampoo, ``(1/2, 0)`` one-sided L^(-1/2) M, ``(0, 1/2)`` one-sided M R^(-1/2).
+
+Practical Shampoo on top of the paper's rule (all optional, Meta's step order):
+
+- inverse roots are recomputed every ``precondition_frequency`` steps from step ``start_preconditioning_step``
+  on, by a symmetric eigendecomposition in float64 of the factor plus eps I (eigenvalues clamped at eps);
+- Adam grafting (``grafting="adam"``): the Shampoo direction is rescaled per block to the Frobenius norm of
+  the Adam direction M^ / (sqrt(V^) + graft_eps), V the EMA of G^2; before preconditioning starts the step
+  is the Adam step itself, so the optimizer is exactly AdamW until then;
+- dimensions above ``max_preconditioner_dim`` are split into blocks, each with its own factors;
+- 1-D and scalar parameters (biases, norms) take the grafting method's step (Adam for ``"adam"`` and
+  ``"none"``, momentum SGD for ``"sgd"``), as does a block whose root is not available: a factor that fails to
+  decompose keeps its last good root, or falls back to the grafted step with a warning, never NaN.
+
+Example:
+    >>> import torch
+    >>> from icml26.shampoo import Shampoo
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    >>> opt = Shampoo(model.parameters(), lr=1e-2, precondition_frequency=5)
+    >>> x, y = torch.randn(64, 8), torch.randn(64, 2)
+    >>> for _ in range(20):
+    ...     opt.zero_grad()
+    ...     loss = torch.nn.functional.mse_loss(model(x), y)
+    ...     loss.backward()
+    ...     opt.step()
+    >>> bool(loss < 1.5)
+    True
+
+Reference: H. Li, Y. Dong, Z. Lin, "Convergence Rate Analysis of the AdamW-style Shampoo: Unifying One-sided
+and Two-Sided Preconditioning", ICML 2026, arXiv:2601.07326. Practical Shampoo: H.-J. M. Shi et al., "A
+Distributed Data-Parallel PyTorch Implementation of the Distributed Shampoo Optimizer", arXiv:2309.06497.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+EXPONENT_PRESETS: dict[str, tuple[float, float]] = {
+    "two_sided": (0.25, 0.25),
+    "left": (0.5, 0.0),
+    "right": (0.0, 0.5),
+}
+GRAFTINGS = ("adam", "sgd", "none")
+
+
+def resolve_exponents(exponents: tuple[float, float] | str) -> tuple[float, float]:
+    """``(e_left, e_right)`` from a preset name or a pair; warns when they do not sum to 1/2.
+
+    Args:
+        exponents: ``"two_sided"``, ``"left"``, ``"right"`` or ``(1/(2p), 1/(2q))``.
+    """
+    if isinstance(exponents, str):
+        if exponents not in EXPONENT_PRESETS:
+            raise ValueError(f"exponents must be one of {sorted(EXPONENT_PRESETS)} or a pair, got {exponents!r}")
+        return EXPONENT_PRESETS[exponents]
+    try:
+        e_left, e_right = (float(e) for e in exponents)
+    except (TypeError, ValueError):
+        raise TypeError(f"exponents must be a preset name or a pair of floats, got {exponents!r}") from None
+    if not (math.isfinite(e_left) and math.isfinite(e_right)) or e_left < 0 or e_right < 0 or e_left + e_right == 0:
+        raise ValueError(f"exponents must be finite, >= 0 and not both 0, got {exponents!r}")
+    if not math.isclose(e_left + e_right, 0.5, abs_tol=1e-12):
+        warnings.warn(
+            f"exponents {exponents!r} sum to {e_left + e_right:g}, not 1/2 (1/p + 1/q = 1); the paper's rate "
+            "is for exponents summing to 1/2", UserWarning, stacklevel=3)
+    return e_left, e_right
+
+
+def matrix_shape(param: Tensor) -> tuple[int, int] | None:
+    """The 2-D shape Shampoo preconditions: ``(d0, d1*d2*...)`` for >= 2-D tensors, ``None`` for 0-/1-D."""
+    if param.ndim < 2:
+        return None
+    return param.shape[0], math.prod(param.shape[1:])
+
+
+@functools.lru_cache(maxsize=1024)
+def block_slices(shape: tuple[int, int], max_dim: int) -> tuple[tuple[slice, slice], ...]:
+    """Row/column slices that split ``shape`` into blocks no larger than ``max_dim`` on either side."""
+    m, n = shape
+    rows = [slice(i, min(i + max_dim, m)) for i in range(0, m, max_dim)]
+    cols = [slice(j, min(j + max_dim, n)) for j in range(0, n, max_dim)]
+    return tuple((r, c) for r in rows for c in cols)
+
+
+def matrix_inverse_root(factor: Tensor, exponent: float, eps: float) -> Tensor:
+    """``(A + eps I)^(-exponent)`` of a symmetric PSD matrix by eigendecomposition in float64.
+
+    The factor is symmetrised, ``eps I`` added, and eigenvalues below ``eps`` (round-off) clamped to ``eps``.
+
+    Raises:
+        ValueError: the factor has NaN/Inf entries.
+        torch.linalg.LinAlgError: the eigendecomposition did not converge.
+    """
+    a = factor.to(torch.float64)
+    if not torch.isfinite(a).all():
+        raise ValueError("the Kronecker factor has non-finite entries")
+    a = 0.5 * (a + a.T)
+    a.diagonal().add_(eps)
+    # $$(A + \epsilon I)^{-e} = Q \, \mathrm{diag}(\lambda^{-e}) \, Q^\top$$
+    eigenvalues, eigenvectors = torch.linalg.eigh(a)
+    eigenvalues = eigenvalues.clamp_min(eps)
+    return (eigenvectors * eigenvalues.pow(-exponent)) @ eigenvectors.T
+
+
+def init_state(param: Tensor, state: dict[str, Any], *, exponents: tuple[float, float], max_preconditioner_dim: int,
+               factor_dtype: torch.dtype) -> None:
+    """Create the per-parameter state: moments, and per block the factors and their inverse roots."""
+    work = torch.float64 if param.dtype == torch.float64 else torch.float32
+    state["step"] = 0
+    state["exp_avg"] = torch.zeros(param.shape, dtype=work, device=param.device)
+    state["exp_avg_sq"] = torch.zeros(param.shape, dtype=work, device=param.device)
+    shape = matrix_shape(param)
+    if shape is None:
+        return
+    root_dtype = work  # roots are computed in float64 and stored in the moments' dtype
+    blocks = block_slices(shape, max_preconditioner_dim)
+    e_left, e_right = exponents
+    state["left"], state["right"], state["left_root"], state["right_root"] = [], [], [], []
+    for rows, cols in blocks:
+        mb, nb = rows.stop - rows.start, cols.stop - cols.start
+        if e_left > 0:
+            state["left"].append(torch.zeros(mb, mb, dtype=factor_dtype, device=param.device))
+            state["left_root"].append(torch.eye(mb, dtype=root_dtype, device=param.device))
+        if e_right > 0:
+            state["right"].append(torch.zeros(nb, nb, dtype=factor_dtype, device=param.device))
+            state["right_root"].append(torch.eye(nb, dtype=root_dtype, device=param.device))
+    state["root_ready"] = [False] * len(blocks)
+    state["root_failures"] = 0
+
+
+def _refresh_roots(state: dict[str, Any], *, exponents: tuple[float, float], eps: float, bias2: float,
+                   n_blocks: int) -> int:
+    """Recompute every block's inverse roots; return how many blocks failed to decompose (they keep theirs)."""
+    e_left, e_right = exponents
+    failures = 0
+    for b in range(n_blocks):
+        try:
+            # $$\hat L = L / (1 - \beta_2^k)$$, root of the bias-corrected factor (Meta's step 3)
+            new_left = (matrix_inverse_root(state["left"][b] / bias2, e_left, eps) if e_left > 0 else None)
+            new_right = (matrix_inverse_root(state["right"][b] / bias2, e_right, eps) if e_right > 0 else None)
+        except (ValueError, torch.linalg.LinAlgError):
+            state["root_failures"] += 1
+            failures += 1
+            continue
+        if new_left is not None:
+            state["left_root"][b].copy_(new_left)
+        if new_right is not None:
+            state["right_root"][b].copy_(new_right)
+        state["root_ready"][b] = True
+    return failures
+
+
+def _preconditioned_direction(state: dict[str, Any], g: Tensor, exp_avg: Tensor, graft: Tensor, *,
+                              beta2: float, eps: float, exponents: tuple[float, float], grafting: str,
+                              precondition_frequency: int, start_preconditioning_step: int,
+                              max_preconditioner_dim: int, factor_dtype: torch.dtype) -> tuple[Tensor | None, int]:
+    """Update one matrix parameter's factors (and roots when due).
+
+    Returns:
+        ``(direction, failures)``: the Shampoo direction times ``1 - b1^k``, or ``None`` when the parameter
+        takes the grafted step (1-D, not started, or no root yet); and how many blocks failed to decompose.
+    """
+    shape = matrix_shape(exp_avg)
+    if shape is None:
+        return None, 0
+    k = state["step"]
+    e_left, e_right = exponents
+    blocks = block_slices(shape, max_preconditioner_dim)
+    one_block = len(blocks) == 1
+    g2 = g.reshape(shape)
+    if g2.dtype != factor_dtype:
+        g2 = g2.to(factor_dtype)
+    for b, (rows, cols) in enumerate(blocks):
+        gb = g2 if one_block else g2[rows, cols]
+        if e_left > 0:
+            # $$L_k = \beta_2 L_{k-1} + (1 - \beta_2) G_k G_k^\top$$
+            state["left"][b].addmm_(gb, gb.T, beta=beta2, alpha=1.0 - beta2)
+        if e_right > 0:
+            # $$R_k = \beta_2 R_{k-1} + (1 - \beta_2) G_k^\top G_k$$
+            state["right"][b].addmm_(gb.T, gb, beta=beta2, alpha=1.0 - beta2)
+    if k < start_preconditioning_step:
+        return None, 0
+    failures = 0
+    if (k - start_preconditioning_step) % precondition_frequency == 0:
+        failures = _refresh_roots(state, exponents=exponents, eps=eps, bias2=1.0 - beta2**k, n_blocks=len(blocks))
+    if not any(state["root_ready"]):
+        return None, failures
+
+    m2, graft2 = exp_avg.reshape(shape), graft.reshape(shape)
+    direction = graft2 if one_block else graft2.clone()
+    for b, (rows, cols) in enumerate(blocks):
+        if not state["root_ready"][b]:
+            continue  # no root yet for this block: it keeps the grafted step
+        # $$D = (\hat L + \epsilon I)^{-1/(2p)} \hat M (\hat R + \epsilon I)^{-1/(2q)}$$   (times 1 - b1^k)
+        pb = m2 if one_block else m2[rows, cols]
+        if e_left > 0:
+            pb = torch.mm(state["left_root"][b], pb)
+        if e_right > 0:
+            pb = torch.mm(pb, state["right_root"][b])
+        if grafting != "none":
+            # layer-wise grafting: the Shampoo direction rescaled to the grafted step's norm (per block)
+            gb = graft2 if one_block else graft2[rows, cols]
+            pb = pb * (torch.linalg.vector_norm(gb) / torch.linalg.vector_norm(pb).clamp_min(1e-30))
+        if one_block:
+            direction = pb
+        else:
+            direction[rows, cols] = pb
+    return direction, failures
+
+
+def shampoo_update(params: list[Tensor], grads: list[Tensor], states: list[dict[str, Any]], *, lr: float,
+                   betas: tuple[float, float], eps: float, graft_eps: float, weight_decay: float,
+                   exponents: tuple[float, float], grafting: str, precondition_frequency: int,
+                   start_preconditioning_step: int, max_preconditioner_dim: int, factor_dtype: torch.dtype) -> int:
+    """One AdamW-style Shampoo step on ``params`` in place: the pure update function the class calls.
+
+    Element-wise moments are updated for all parameters at once (``torch._foreach_*``); each matrix parameter
+    then gets its factor update, amortised root refresh and preconditioned direction.
+
+    Args:
+        params: parameters (>= 2-D tensors are preconditioned as (d0, rest) matrices; 0-/1-D take the grafted step).
+        grads: their dense, finite gradients.
+        states: one state dict per parameter (initialised on first use).
+        lr, betas, eps, graft_eps, weight_decay, exponents, grafting, precondition_frequency,
+        start_preconditioning_step, max_preconditioner_dim, factor_dtype: as in ``Shampoo``.
+
+    Returns:
+        The number of blocks whose preconditioner failed to decompose in this step (they kept their last root,
+        or took the grafted step).
+    """
+    if not params:
+        return 0
+    for p, st in zip(params, states, strict=True):
+        if not st:
+            init_state(p, st, exponents=exponents, max_preconditioner_dim=max_preconditioner_dim,
+                       factor_dtype=factor_dtype)
+    beta1, beta2 = betas
+    exp_avgs = [st["exp_avg"] for st in states]
+    exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+    gs = [g.to(m.dtype) for g, m in zip(grads, exp_avgs, strict=True)]
+    for st in states:
+        st["step"] += 1
+    bias1 = [1.0 - beta1 ** st["step"] for st in states]
+
+    # $$M_k = \beta_1 M_{k-1} + (1 - \beta_1) G_k$$
+    torch._foreach_lerp_(exp_avgs, gs, 1.0 - beta1)
+    # $$V_k = \beta_2 V_{k-1} + (1 - \beta_2) G_k^2$$   (grafting / 1-D state)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, gs, gs, value=1.0 - beta2)
+    # the grafted direction times 1 - b1^k: Adam M / (sqrt(V^) + eps_g), or M for SGD grafting
+    if grafting == "sgd":
+        grafts = exp_avgs
+    else:
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denoms, [math.sqrt(1.0 - beta2 ** st["step"]) for st in states])
+        torch._foreach_add_(denoms, graft_eps)
+        grafts = torch._foreach_div(exp_avgs, denoms)
+
+    # $$X_{k+1} = (1 - \eta\lambda) X_k - \eta D_k$$   (decoupled weight decay, AdamW-style)
+    if weight_decay != 0.0:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    plain: list[int] = []
+    failures = 0
+    for i, (p, st) in enumerate(zip(params, states, strict=True)):
+        direction, failed = _preconditioned_direction(
+            st, gs[i], exp_avgs[i], grafts[i], beta2=beta2, eps=eps, exponents=exponents, grafting=grafting,
+            precondition_frequency=precondition_frequency, start_preconditioning_step=start_preconditioning_step,
+            max_preconditioner_dim=max_preconditioner_dim, factor_dtype=factor_dtype)
+        failures += failed
+        if direction is None:
+            plain.append(i)
+        else:
+            p.add_(direction.reshape(p.shape).to(p.dtype), alpha=-lr / bias1[i])
+    if plain:
+        scalars = [-lr / bias1[i] for i in plain]
+        if grafting == "sgd":
+            steps = torch._foreach_mul([exp_avgs[i] for i in plain], scalars)
+            torch._foreach_add_([params[i] for i in plain], steps)
+        else:
+            # exactly AdamW's update: X <- X - lr/(1 - b1^k) * M / (sqrt(V^) + eps_g)
+            torch._foreach_addcdiv_([params[i] for i in plain], [exp_avgs[i] for i in plain],
+                                    [denoms[i] for i in plain], scalars)
+    return failures
+
+
+def _check_hparams(group: dict[str, Any]) -> None:
+    lr = group["lr"]
+    if isinstance(lr, Tensor):
+        raise TypeError("lr must be a float, not a Tensor")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+        raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+    betas = group["betas"]
+    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    for name in ("eps", "graft_eps"):
+        v = group[name]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    wd = group["weight_decay"]
+    if not isinstance(wd, (int, float)) or isinstance(wd, bool) or not math.isfinite(wd) or wd < 0:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {wd!r}")
+    if group["grafting"] not in GRAFTINGS:
+        raise ValueError(f"grafting must be one of {GRAFTINGS}, got {group['grafting']!r}")
+    for name in ("precondition_frequency", "start_preconditioning_step", "max_preconditioner_dim"):
+        v = group[name]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if group["factor_dtype"] not in (torch.float32, torch.float64):
+        raise ValueError(f"factor_dtype must be torch.float32 or torch.float64, got {group['factor_dtype']!r}")
+
+
+class Shampoo(torch.optim.Optimizer):
+    """AdamW-style Shampoo: Kronecker-factored, one- or two-sided preconditioning with decoupled weight decay.
+
+    The update for a matrix parameter (see the module docstring for every step) is
+
+        X <- (1 - lr wd) X - lr (L^ + eps I)^(-1/(2p)) M^ (R^ + eps I)^(-1/(2q)),   1/p + 1/q = 1.
+
+    Args:
+        params: parameters or param groups (per-group overrides of every argument below work).
+        lr: learning rate (with Adam grafting, AdamW-like values; without grafting about 10x AdamW's).
+        betas: (b1, b2) for the first moment and for the factors / grafting second moment, each in [0, 1).
+        eps: added as eps I to each factor before its inverse root (also the eigenvalue floor).
+        weight_decay: decoupled (AdamW-style) weight decay.
+        exponents: ``(1/(2p), 1/(2q))`` or ``"two_sided"`` (1/4, 1/4), ``"left"`` (1/2, 0), ``"right"`` (0, 1/2).
+        precondition_frequency: recompute the inverse roots every this many steps (amortised cost).
+        start_preconditioning_step: first step that uses the preconditioner (default: ``precondition_frequency``);
+            before it the step is the grafting method's (AdamW for ``grafting="adam"``).
+        max_preconditioner_dim: dimensions larger than this are split into blocks with their own factors.
+        grafting: ``"adam"`` (default), ``"sgd"`` or ``"none"`` (the paper's pure rule).
+        graft_eps: epsilon of the Adam grafting direction.
+        factor_dtype: dtype of the stored factors (roots are always computed in float64).
+
+    Raises:
+        ValueError / TypeError: a hyper-parameter out of range (naming it); at ``step``, a sparse or non-finite
+            gradient.
+
+    Example: see the module docstring; ``Shampoo(model.parameters(), lr=1e-3)`` is a drop-in for AdamW.
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0,
+                 exponents: tuple[float, float] | str = (0.25, 0.25), precondition_frequency: int = 10,
+                 start_preconditioning_step: int | None = None, max_preconditioner_dim: int = 1024,
+                 grafting: str = "adam", graft_eps: float = 1e-8, factor_dtype: torch.dtype = torch.float32):
+        if start_preconditioning_step is None:
+            start_preconditioning_step = precondition_frequency
+        defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, (tuple, list)) else betas, eps=eps,
+                        weight_decay=weight_decay, exponents=resolve_exponents(exponents),
+                        precondition_frequency=precondition_frequency,
+                        start_preconditioning_step=start_preconditioning_step,
+                        max_preconditioner_dim=max_preconditioner_dim, grafting=grafting, graft_eps=graft_eps,
+                        factor_dtype=factor_dtype)
+        _check_hparams(defaults)
+        super().__init__(params, defaults)
+        self._warned_root_failure = False
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if "exponents" in param_group:
+            param_group = {**param_group, "exponents": resolve_exponents(param_group["exponents"])}
+        super().add_param_group(param_group)
+        _check_hparams(self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """Perform one optimisation step; ``closure`` re-evaluates the model and returns the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise ValueError("Shampoo does not support sparse gradients")
+            _check_finite([p.grad for p in params])
+            hyper = {k: group[k] for k in ("lr", "betas", "eps", "graft_eps", "weight_decay", "exponents",
+                                           "grafting", "precondition_frequency", "start_preconditioning_step",
+                                           "max_preconditioner_dim", "factor_dtype")}
+            failures = shampoo_update(params, [p.grad for p in params], [self.state[p] for p in params], **hyper)
+            if failures and not self._warned_root_failure:
+                self._warned_root_failure = True
+                warnings.warn(
+                    f"Shampoo: {failures} preconditioner block(s) failed to decompose; each keeps its last root, or "
+                    "takes the grafted step until a root is available (warned once per optimizer)",
+                    RuntimeWarning, stacklevel=2)
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict, keeping the state's own dtypes (torch would cast it to bfloat16 parameters' dtype)."""
+        saved_state = copy.deepcopy(state_dict["state"])
+        super().load_state_dict(state_dict)
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(saved_ids, params, strict=True):
+            if pid in saved_state:
+                self.state[p] = _to_device(saved_state[pid], p.device)
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes held in the optimizer state (moments, factors and roots)."""
+        total = 0
+        for st in self.state.values():
+            for v in st.values():
+                for t in (v if isinstance(v, list) else [v]):
+                    if isinstance(t, Tensor):
+                        total += t.numel() * t.element_size()
+        return total
+
+
+def _check_finite(grads: list[Tensor]) -> None:
+    """Raise ``ValueError`` if any gradient has NaN/Inf (one synchronisation for the whole group)."""
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
+    finite = torch.isfinite(torch.stack([n.to(torch.float32) for n in norms]))
+    if not bool(finite.all()):
+        bad = [tuple(g.shape) for g, ok in zip(grads, finite.tolist(), strict=True) if not ok]
+        raise ValueError(f"gradients of parameters of shapes {bad} contain NaN or Inf; Shampoo stops before "
+                         "corrupting its state (check the loss)")
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value

@@ -1,0 +1,130 @@
+"""Shampoo against its literal float64 reference and against closed forms (SVD, AdamW)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from icml26.shampoo import Shampoo, matrix_inverse_root
+from icml26.shampoo.reference import inverse_root, reference_shampoo
+
+
+def stochastic_quadratic(shape, seed):
+    """grad(X) = S (X - 1) + 0.5 Z with a random SPD S: a well-posed problem whose iterates stay bounded."""
+    rng = np.random.default_rng(seed)
+    S = rng.normal(size=(shape[0], shape[0]))
+    S = S @ S.T / shape[0] + np.eye(shape[0])
+
+    def grad(X):
+        return S @ (X - 1.0) + 0.5 * rng.normal(size=X.shape)
+
+    return grad
+
+
+CONFIGS = [
+    dict(exponents=(0.25, 0.25), grafting="none", start=1, freq=1),
+    dict(exponents=(0.5, 0.0), grafting="none", start=1, freq=1),
+    dict(exponents=(0.0, 0.5), grafting="none", start=1, freq=1, weight_decay=0.1),
+    dict(exponents=(0.25, 0.25), grafting="adam", start=3, freq=2),
+    dict(exponents=(0.25, 0.25), grafting="sgd", start=2, freq=3),
+    dict(exponents=(0.5, 0.0), grafting="adam", start=1, freq=1, block=3),
+    dict(exponents=(0.25, 0.25), grafting="none", start=1, freq=2, block=4, weight_decay=0.05),
+    dict(exponents=(0.25, 0.25), grafting="adam", start=4, freq=3, block=2, betas=(0.5, 0.9)),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("shape", [(7, 5), (4, 9)])
+def test_matches_reference_to_1e10(cfg, shape):
+    cfg = dict(cfg)
+    block, start, freq = cfg.pop("block", None), cfg.pop("start"), cfg.pop("freq")
+    X0 = np.random.default_rng(1).normal(size=shape)
+    expected = reference_shampoo(X0, stochastic_quadratic(shape, 2), steps=12, lr=0.05, start=start, freq=freq,
+                                 block=block, **cfg)
+    X = torch.nn.Parameter(torch.tensor(X0))
+    opt = Shampoo([X], lr=0.05, start_preconditioning_step=start, precondition_frequency=freq,
+                  max_preconditioner_dim=block or 1024, factor_dtype=torch.float64, **cfg)
+    grad = stochastic_quadratic(shape, 2)
+    for _ in range(12):
+        X.grad = torch.tensor(grad(X.detach().numpy()))
+        opt.step()
+    np.testing.assert_allclose(X.detach().numpy(), expected, rtol=0, atol=1e-10)
+
+
+def test_conv_weights_are_preconditioned_as_matrices():
+    W0 = np.random.default_rng(3).normal(size=(4, 2, 3, 3))
+    grad2d = stochastic_quadratic((4, 18), 4)
+    expected = reference_shampoo(W0.reshape(4, 18), grad2d, steps=6, lr=0.05, grafting="adam", start=1, freq=1)
+    W = torch.nn.Parameter(torch.tensor(W0))
+    opt = Shampoo([W], lr=0.05, start_preconditioning_step=1, precondition_frequency=1, factor_dtype=torch.float64)
+    grad2d = stochastic_quadratic((4, 18), 4)
+    for _ in range(6):
+        W.grad = torch.tensor(grad2d(W.detach().numpy().reshape(4, 18)).reshape(4, 2, 3, 3))
+        opt.step()
+    np.testing.assert_allclose(W.detach().numpy().reshape(4, 18), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("exponents", [(0.5, 0.0), (0.25, 0.25)])
+def test_first_step_is_the_regularised_polar_factor(exponents):
+    """With b1 = b2 = 0 one step is X - lr U diag(s / sqrt(s^2 + eps)) V^T for G = U diag(s) V^T (one- and
+    two-sided agree: both are the regularised polar factor of G)."""
+    rng = np.random.default_rng(5)
+    G = rng.normal(size=(4, 7))
+    eps, lr = 1e-3, 0.1
+    U, s, Vt = np.linalg.svd(G, full_matrices=False)
+    expected = -lr * (U * (s / np.sqrt(s**2 + eps))) @ Vt
+    X = torch.nn.Parameter(torch.zeros(4, 7, dtype=torch.float64))
+    opt = Shampoo([X], lr=lr, betas=(0.0, 0.0), eps=eps, exponents=exponents, grafting="none",
+                  start_preconditioning_step=1, precondition_frequency=1, factor_dtype=torch.float64)
+    X.grad = torch.tensor(G)
+    opt.step()
+    np.testing.assert_allclose(X.detach().numpy(), expected, atol=1e-12)
+
+
+def test_before_preconditioning_it_is_adamw_exactly():
+    torch.manual_seed(0)
+    m1 = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    m2 = copy.deepcopy(m1)
+    o1 = Shampoo(m1.parameters(), lr=1e-2, weight_decay=0.01, start_preconditioning_step=10**9)
+    o2 = torch.optim.AdamW(m2.parameters(), lr=1e-2, weight_decay=0.01, eps=1e-8)
+    x, y = torch.randn(32, 8), torch.randn(32, 3)
+    for _ in range(25):
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+
+
+def test_biases_take_the_adam_step_while_matrices_are_preconditioned():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(5, 4)
+    b_ref = torch.nn.Parameter(lin.bias.detach().clone())
+    opt = Shampoo(lin.parameters(), lr=1e-2, start_preconditioning_step=1, precondition_frequency=1)
+    ref = torch.optim.AdamW([b_ref], lr=1e-2, weight_decay=0.0, eps=1e-8)
+    W0 = lin.weight.detach().clone()
+    x = torch.randn(16, 5)
+    for _ in range(5):
+        opt.zero_grad()
+        lin(x).square().mean().backward()
+        b_ref.grad = lin.bias.grad.clone()
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(lin.bias, b_ref, rtol=0, atol=1e-7)
+    assert not torch.allclose(lin.weight, W0)
+
+
+def test_inverse_root_matches_the_reference_and_scipy():
+    import scipy.linalg
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(6, 3))
+    A = A @ A.T  # rank-deficient PSD
+    ours = matrix_inverse_root(torch.tensor(A), 0.25, 1e-4).numpy()
+    np.testing.assert_allclose(ours, inverse_root(A, 0.25, 1e-4), atol=1e-10)
+    spd = A + 1e-4 * np.eye(6)
+    np.testing.assert_allclose(ours, np.real(scipy.linalg.fractional_matrix_power(spd, -0.25)), atol=1e-8)
