@@ -11,6 +11,8 @@ proves (1/K) sum_k E||grad f(X_k)||_* <= O(sqrt(m+n) C / K^(1/4)) for one- and t
 blocking of large dimensions and a pure update function ``shampoo_update``. Not implemented: Meta's
 distributed sharding of the root work (DDP works by all-reducing gradients), eigenvalue-corrected variants
 (SOAP), Newton-iteration roots, iterate averaging. The exact update rule is reconstructed (see README).
+
+Status: planned — the optimizer works; the reproduction (experiment.py) is not implemented yet (issue #5).
 """
 
 from .optimizer import Shampoo, matrix_inverse_root, resolve_exponents, shampoo_update
