@@ -30,7 +30,7 @@ def test_list_pattern(capsys):
 def test_info(capsys):
     assert main(["info", "shampoo"]) == 0
     out = capsys.readouterr().out
-    assert "05 shampoo" in out and "check: shampoo_two_sided.rate_slope" in out and "quick: seeds [0, 1, 2]" in out
+    assert "05 shampoo" in out and "check: rate_shampoo_two_sided.slope" in out and "quick: seeds [0, 1, 2]" in out
 
 
 def test_unknown_slug_exits_2_with_close_matches(capsys):

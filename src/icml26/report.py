@@ -161,13 +161,26 @@ def render_paper(paper: Paper, results_dir: Path, problems: list[str]) -> str:
         rows = [[c["id"], c["text"], f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
                  c["ours"], _holds(c["holds"]), c["why"]] for c in data["claims"]]
         parts.append(markdown_table(["claim", "statement", "paper", "ours", "holds?", "why"], rows))
-        metrics = sorted({m for arm in data["arms"].values() for m in arm})
-        arm_rows = [[arm] + [describe_stat(v[m]) if m in v else "" for m in metrics]
-                    for arm, v in data["arms"].items()]
-        parts.append(markdown_table(["arm", *metrics], arm_rows))
+        parts.append(render_arms(data["arms"]))
     if not parts:
         return f"_No results yet: run `icml26 reproduce {paper.slug} --mode quick`._"
     return "\n\n".join(parts)
+
+
+def render_arms(arms: dict[str, dict[str, Any]]) -> str:
+    """Every measured value, mean ± std over seeds: one row per metric, one column per arm that has it.
+
+    Metrics measured by disjoint sets of arms go to separate tables, so no table is mostly empty.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for metric in sorted({m for v in arms.values() for m in v}):
+        owners = tuple(a for a, v in arms.items() if metric in v)
+        groups.setdefault(owners, []).append(metric)
+    tables = []
+    for owners, metrics in groups.items():
+        rows = [[m] + [describe_stat(arms[a][m]) for a in owners] for m in metrics]
+        tables.append(markdown_table(["metric", *owners], rows))
+    return "\n\n".join(tables)
 
 
 def _update_file(path: Path, blocks: dict[str, str], check: bool, outcome: ReportOutcome) -> None:

@@ -73,6 +73,8 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     if not vals:
         raise ValueError("values must be non-empty")
     n = len(vals)
+    if all(v == vals[0] for v in vals):  # exact, without round-off (NaN never equals itself)
+        return {"mean": vals[0], "std": 0.0, "values": vals}
     mean = math.fsum(vals) / n
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
     return {"mean": mean, "std": std, "values": vals}

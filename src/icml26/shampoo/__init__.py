@@ -12,7 +12,11 @@ blocking of large dimensions and a pure update function ``shampoo_update``. Not 
 distributed sharding of the root work (DDP works by all-reducing gradients), eigenvalue-corrected variants
 (SOAP), Newton-iteration roots, iterate averaging. The exact update rule is reconstructed (see README).
 
-Status: planned — the optimizer works; the reproduction (experiment.py) is not implemented yet (issue #5).
+Example:
+    >>> import torch, icml26.shampoo as S
+    >>> opt = S.Shampoo(torch.nn.Linear(4, 2).parameters(), lr=1e-3)
+    >>> type(opt).__mro__[1].__name__
+    'Optimizer'
 """
 
 from .optimizer import Shampoo, matrix_inverse_root, resolve_exponents, shampoo_update

@@ -57,7 +57,7 @@ def digits_mlp_task(seed: int, hidden: int = 128) -> Task:
     return Task("digits_mlp", torch.from_numpy(d.X_train), torch.from_numpy(d.y_train), make, _ce)
 
 
-def digits_cnn_task(seed: int, channels: int = 16) -> Task:
+def digits_cnn_task(seed: int, channels: int = 8) -> Task:
     """sklearn digits as 1x8x8 images; two 3x3 conv layers, max-pool, linear head."""
     d = digits(seed=seed)
 
@@ -87,7 +87,7 @@ class TinyTransformer(nn.Module):
         return self.head(self.encoder(self.embed(tokens) + self.pos))
 
 
-def reversal_task(seed: int, n: int = 1024, vocab: int = 10, length: int = 8) -> Task:
+def reversal_task(seed: int, n: int = 1024, vocab: int = 16, length: int = 12) -> Task:
     """Synthetic sequences of ``length`` tokens; the target at position i is the token at length-1-i."""
     g = torch.Generator().manual_seed(10_000 + seed)
     X = torch.randint(0, vocab, (n, length), generator=g)
@@ -113,7 +113,7 @@ class MatrixLeastSquares:
     ill-conditioned on both sides (what Kronecker preconditioning addresses). Float64 throughout.
     """
 
-    def __init__(self, m: int, n: int, seed: int, kappa: float = 100.0, sigma: float = 0.5):
+    def __init__(self, m: int, n: int, seed: int, kappa: float = 10.0, sigma: float = 0.5):
         if m < 1 or n < 1:
             raise ValueError(f"m and n must be >= 1, got {m}, {n}")
         g = torch.Generator().manual_seed(seed)
