@@ -1,6 +1,6 @@
 """One recipe line per component: the contract suites below run every entry.
 
-Add a paper's optimizer to ``OPTIMIZERS`` and its sklearn-style estimators to ``ESTIMATORS`` when it lands.
+Add a paper's optimizer to ``OPTIMIZERS`` and its sklearn-style estimators to ``estimators()`` when it lands.
 The torch/sklearn entries are the suites' self-tests: they prove the contracts themselves pass on reference
 implementations.
 """
@@ -48,11 +48,16 @@ OPTIMIZERS: list[OptimizerRecipe] = [
 ]
 
 
-def _scaler():
+def estimators() -> list[Any]:
+    """Unfitted estimators for ``sklearn.utils.estimator_checks.parametrize_with_checks`` (one line each)."""
     from sklearn.preprocessing import StandardScaler
 
-    return StandardScaler()
+    from icml26.gcpa import GCPA, ConcatenatedViews, GeneralizedProcrustes, MultiviewCCA
 
-
-#: factories of unfitted estimators for ``sklearn.utils.estimator_checks.parametrize_with_checks``
-ESTIMATORS: list[Callable[[], Any]] = [_scaler]
+    return [
+        StandardScaler(),  # the suite's self-test
+        ConcatenatedViews(GeneralizedProcrustes(), n_views=2),
+        ConcatenatedViews(GCPA(), n_views=2),
+        ConcatenatedViews(MultiviewCCA(method="sumcor"), n_views=2),
+        ConcatenatedViews(MultiviewCCA(method="maxvar"), n_views=2),
+    ]

@@ -46,3 +46,32 @@ def digits(seed: int = 0, test_size: float = 0.2, standardize: bool = True) -> S
         std[std == 0] = 1.0
         X_tr, X_te = (X_tr - mean) / std, (X_te - mean) / std
     return Split(X_tr.astype(np.float32), y_tr, X_te.astype(np.float32), y_te, 10)
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """Sentences with integer labels and the label names."""
+
+    sentences: list[str]
+    labels: np.ndarray
+    label_names: list[str]
+
+
+def docstring_corpus() -> TextCorpus:
+    """2,498 first sentences of Python 3.11 standard-library docstrings, labelled by module family (9 labels).
+
+    Shipped as ``common/data/docstrings.tsv`` (regenerate with ``scripts/make_docstring_corpus.py``): a bundled
+    text set for text-model experiments, independent of the running Python.
+
+    Example:
+        >>> c = docstring_corpus()
+        >>> len(c.sentences), len(c.label_names)
+        (2498, 9)
+    """
+    from importlib.resources import files
+
+    text = files("icml26.common").joinpath("data", "docstrings.tsv").read_text(encoding="utf-8")
+    rows = [line.split("\t", 1) for line in text.splitlines() if line]
+    names = sorted({label for label, _ in rows})
+    index = {n: i for i, n in enumerate(names)}
+    return TextCorpus([s for _, s in rows], np.array([index[label] for label, _ in rows], dtype=np.int64), names)

@@ -1,0 +1,102 @@
+"""Metrics of multi-way alignment: any-to-any retrieval, stitching, geometry distortion.
+
+All take a fitted aligner (anything with ``embed_pair(X_src, X_dst, src, dst)`` and ``preprocess(X, view)``) and
+evaluate every ordered pair of models (src, dst), src != dst, on held-out rows.
+
+- Retrieval: each held-out item of model src queries model dst's held-out items by cosine similarity; its match
+  is the same item. Recall@k and MRR, ties broken by index order (deterministic), averaged over all pairs.
+- Stitching: a logistic-regression head trained on model dst's (aligned) training embeddings classifies model
+  src's held-out embeddings mapped into the same space; accuracy averaged over all pairs.
+- Geometry distortion: how much the map changes a model's internal geometry, the distance between the
+  normalised vectors of pairwise distances before (preprocessed) and after alignment; 0 for any similarity
+  transform, at most sqrt(2).
+
+Example:
+    >>> import numpy as np
+    >>> from icml26.gcpa import GeneralizedProcrustes
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.normal(size=(120, 4))
+    >>> isometries = [np.linalg.qr(rng.normal(size=(6, 6)))[0][:4] for _ in range(3)]  # 4-d into 6-d
+    >>> views = [Z @ Q for Q in isometries]
+    >>> model = GeneralizedProcrustes(n_components=4).fit(views)
+    >>> any_to_any_retrieval(model, views)["recall@1"]
+    1.0
+    >>> round(geometry_distortion(model, views), 12)
+    0.0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.spatial.distance import pdist
+
+
+def _normalise_rows(Z: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(Z, axis=1, keepdims=True)
+    return Z / np.where(norms == 0, 1.0, norms)
+
+
+def pair_retrieval(queries: np.ndarray, database: np.ndarray, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """Recall@k and MRR when query i's correct match is database item i (cosine similarity)."""
+    if queries.shape != database.shape:
+        raise ValueError(f"queries and database must have the same shape, got {queries.shape}, {database.shape}")
+    sims = _normalise_rows(queries) @ _normalise_rows(database).T
+    correct = np.diag(sims)[:, None]
+    n = sims.shape[0]
+    # rank of the match = items scoring higher + equal-scoring items with a smaller index (deterministic ties)
+    earlier = np.arange(n)[None, :] < np.arange(n)[:, None]
+    rank = (sims > correct).sum(axis=1) + ((sims == correct) & earlier).sum(axis=1)
+    out = {f"recall@{k}": float(np.mean(rank < k)) for k in ks}
+    out["mrr"] = float(np.mean(1.0 / (rank + 1)))
+    return out
+
+
+def any_to_any_retrieval(model: Any, Xs_test: Sequence[np.ndarray], ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """Retrieval metrics averaged over all M (M - 1) ordered pairs of models."""
+    scores = []
+    for a, b in itertools.permutations(range(len(Xs_test)), 2):
+        Za, Zb = model.embed_pair(Xs_test[a], Xs_test[b], a, b)
+        scores.append(pair_retrieval(Za, Zb, ks))
+    return {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
+
+
+def stitching_accuracy(model: Any, Xs_train: Sequence[np.ndarray], Xs_test: Sequence[np.ndarray],
+                       y_train: np.ndarray, y_test: np.ndarray, *, seed: int = 0) -> float:
+    """Mean accuracy of dst's head applied to src's mapped embeddings, over all ordered pairs (src, dst)."""
+    from sklearn.linear_model import LogisticRegression
+
+    heads: dict[Any, Any] = {}
+    accs = []
+    for a, b in itertools.permutations(range(len(Xs_test)), 2):
+        # the head lives in the space where (a, b) are compared: dst's side of the pair, fitted on train rows
+        _, Zb_train = model.embed_pair(Xs_train[a], Xs_train[b], a, b)
+        key = (b, Zb_train.shape, hashlib.sha1(Zb_train.tobytes()).hexdigest())  # same space -> same head
+        if key not in heads:
+            heads[key] = LogisticRegression(max_iter=2000, random_state=seed).fit(Zb_train, y_train)
+        Za_test, _ = model.embed_pair(Xs_test[a], Xs_test[b], a, b)
+        accs.append(float(heads[key].score(Za_test, y_test)))
+    return float(np.mean(accs))
+
+
+def distance_distortion(X: np.ndarray, Z: np.ndarray) -> float:
+    """|| d(X)/||d(X)|| - d(Z)/||d(Z)|| ||, d the vector of pairwise Euclidean distances (0 for similarities)."""
+    dx, dz = pdist(X), pdist(Z)
+    nx, nz = np.linalg.norm(dx), np.linalg.norm(dz)
+    if nx == 0 or nz == 0:
+        return float("nan")
+    return float(np.linalg.norm(dx / nx - dz / nz))
+
+
+def geometry_distortion(model: Any, Xs_test: Sequence[np.ndarray], *, max_rows: int = 400) -> float:
+    """Mean distortion of each source model's geometry by its map, over all ordered pairs (first ``max_rows``)."""
+    out = []
+    for a, b in itertools.permutations(range(len(Xs_test)), 2):
+        Xa = Xs_test[a][:max_rows]
+        Za, _ = model.embed_pair(Xa, Xs_test[b][:max_rows], a, b)
+        out.append(distance_distortion(model.preprocess(Xa, a), Za))
+    return float(np.mean(out))
