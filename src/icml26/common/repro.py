@@ -55,7 +55,7 @@ def seed_everything(seed: int, *, torch: bool = True) -> np.random.Generator:
 
 
 def set_threads(n: int = 1) -> int:
-    """Use ``n`` intra-op threads in torch (and tell BLAS libraries started later). Returns ``n``.
+    """Use ``n`` intra-op threads in torch and in the BLAS pools (threadpoolctl). Returns ``n``.
 
     One thread is the default on the project's 2-core machine: two threads on a busy machine were several
     times slower in measurements.
@@ -70,6 +70,12 @@ def set_threads(n: int = 1) -> int:
         import torch
 
         torch.set_num_threads(n)
+    try:  # BLAS pools already loaded by NumPy/SciPy ignore the variables above
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n)
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        pass
     return n
 
 
