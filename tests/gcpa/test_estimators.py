@@ -139,7 +139,8 @@ def test_bad_views(Xs, err, match):
 
 def test_width_smaller_than_requested_dimension():
     with pytest.raises(ValueError, match=r"n_components=5 exceeds the width of view\(s\) \[1\]"):
-        GCPA(n_components=5).fit([np.random.rand(20, 6), np.random.rand(20, 4)])
+        rng = np.random.default_rng(0)
+        GCPA(n_components=5).fit([rng.random((20, 6)), rng.random((20, 4))])
     with pytest.raises(ValueError, match="n_components must be"):
         MultiviewCCA(n_components=0).fit(latent_views())
 

@@ -24,6 +24,7 @@ sets of variables", Biometrika 58 (1971).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -126,13 +127,13 @@ def mcca_sumcor(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tupl
     C = Xc.T @ Xc / n
     D = np.zeros_like(C)
     offsets = np.cumsum([0, *widths])
-    for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+    for a, b in itertools.pairwise(offsets):
         D[a:b, a:b] = _ridge(C[a:b, a:b], reg)
     # $$C w = \lambda D w$$
     lam, vecs = scipy.linalg.eigh(C, D)
     order = np.argsort(lam)[::-1][:n_components]
     vecs = vecs[:, order]
-    return [vecs[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)], lam[order]
+    return [vecs[a:b] for a, b in itertools.pairwise(offsets)], lam[order]
 
 
 def gcca_maxvar(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tuple[list[np.ndarray], np.ndarray]:

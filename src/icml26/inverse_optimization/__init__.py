@@ -1,10 +1,23 @@
 """Online inverse linear optimization on M-convex sets with finite regret.
 
-Paper: "Finite and Corruption-Robust Regret Bounds in Online Inverse Linear Optimization under M-Convex Action Sets", ICML 2026. https://arxiv.org/abs/2602.01682
+Paper: "Finite and Corruption-Robust Regret Bounds in Online Inverse Linear Optimization under M-Convex Action
+Sets", Taihei Oki, Shinsaku Sakaue, ICML 2026. https://arxiv.org/abs/2602.01682
 
-Learning an agent's linear objective from its optimal choices over M-convex (matroid-like) action sets with
-regret bounded independently of the horizon: O(d log d), and O((C+1) d log d) when up to C observations are
-corrupted, where online Newton step pays O(d log T).
+An agent repeatedly picks the best action for an unknown linear objective over M-convex (matroid-like) sets; the
+learner predicts the agent's choice and learns from it. The paper proves regret O(d log d), independent of the
+horizon T, and O((C + 1) d log d) under C corrupted observations; online Newton step pays O(d log T).
 
-Status: planned — not implemented yet (issue #13). ``icml26 info inverse_optimization`` shows the card and its claims.
+``MConvexInverseLearner`` (order constraints, exact order-polytope centroid, restart on contradiction) with
+uniform, partition and graphic matroid oracles, and the ONS / OGD baselines. Not implemented: general M-convex
+sets beyond matroid bases, the paper's finer corruption monitoring (ours restarts on every cycle; a
+reconstruction), and the cutting-plane baseline with 10^4 d samples.
 """
+
+from .action_sets import ActionSet, GraphicMatroid, PartitionMatroid, UniformMatroid
+from .baselines import OGDLearner, ONSLearner
+from .learner import MConvexInverseLearner, exact_centroid, mistake_bound
+
+__all__ = [
+    "ActionSet", "GraphicMatroid", "MConvexInverseLearner", "OGDLearner", "ONSLearner", "PartitionMatroid",
+    "UniformMatroid", "exact_centroid", "mistake_bound",
+]

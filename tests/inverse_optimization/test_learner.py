@@ -1,0 +1,173 @@
+"""The centroid learner, the poset DP and the matroid oracles against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from icml26.inverse_optimization import (
+    GraphicMatroid,
+    MConvexInverseLearner,
+    OGDLearner,
+    ONSLearner,
+    PartitionMatroid,
+    UniformMatroid,
+    exact_centroid,
+    mistake_bound,
+)
+from icml26.inverse_optimization.learner import Poset, linear_extension, mcmc_centroid
+
+
+def brute_centroid(d: int, edges: list[tuple[int, int]]) -> np.ndarray:
+    """Average position (1 = lowest) over all permutations consistent with i > j for (i, j) in edges."""
+    total, count = np.zeros(d), 0
+    for perm in itertools.permutations(range(d)):  # perm[k] sits at position k + 1
+        pos = {a: k + 1 for k, a in enumerate(perm)}
+        if all(pos[i] > pos[j] for i, j in edges):
+            total += [pos[a] for a in range(d)]
+            count += 1
+    return total / count / (d + 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 6), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=8))
+def test_exact_centroid_matches_brute_force(d, raw):
+    poset = Poset(d)
+    for i, j in raw:
+        i, j = i % d, j % d
+        if not poset.contradicts(i, j):
+            poset.add(i, j)
+    np.testing.assert_allclose(exact_centroid(poset), brute_centroid(d, poset.edges()), atol=1e-12)
+
+
+def test_centroid_special_cases():
+    np.testing.assert_allclose(exact_centroid(Poset(5)), np.full(5, 0.5))
+    chain = Poset(4)
+    for i in range(3):
+        chain.add(i + 1, i)  # 3 > 2 > 1 > 0
+    np.testing.assert_allclose(exact_centroid(chain), np.arange(1, 5) / 5)
+    assert linear_extension(chain) == [0, 1, 2, 3]
+
+
+def test_mcmc_centroid_is_close_to_exact():
+    poset = Poset(7)
+    for i, j in [(3, 1), (1, 0), (5, 2), (6, 4)]:
+        poset.add(i, j)
+    est = mcmc_centroid(poset, 10_000, np.random.default_rng(0))
+    np.testing.assert_allclose(est, exact_centroid(poset), atol=0.02)
+
+
+def test_poset_closure_and_contradiction():
+    p = Poset(4)
+    assert p.add(2, 1) and p.add(1, 0)
+    assert p.implies(2, 0) and not p.add(2, 0)
+    assert p.contradicts(0, 2) and p.contradicts(3, 3) and not p.contradicts(3, 0)
+
+
+def test_mistake_bound_by_hand():
+    assert mistake_bound(10) == pytest.approx(math.log(math.factorial(10)) / math.log(math.e / (math.e - 1)))
+    assert mistake_bound(10) == pytest.approx(32.93, abs=0.01)  # ln(10!) = 15.104; / ln(e/(e-1)) = 0.4587
+
+
+def bases(action_set, d):
+    return [np.array(x) for x in itertools.product((0, 1), repeat=d) if action_set.contains(np.array(x))]
+
+
+SETS = [
+    UniformMatroid(6, [0, 2, 3, 5], 2),
+    PartitionMatroid(6, [[0, 1, 2], [3, 4]], [2, 1]),
+    GraphicMatroid(4, [(0, 1), (1, 2), (2, 3), (0, 3), (0, 2), (1, 3)], available=[0, 1, 2, 3, 4]),
+]
+
+
+@pytest.mark.parametrize("X", SETS, ids=lambda s: type(s).__name__)
+def test_greedy_argmax_and_exchange_optimality_match_brute_force(X):
+    rng = np.random.default_rng(0)
+    feasible = bases(X, X.d)
+    assert feasible
+    for _ in range(30):
+        w = rng.normal(size=X.d)
+        values = [w @ x for x in feasible]
+        assert w @ X.argmax(w) == pytest.approx(max(values))
+        assert w @ X.argmin(w) == pytest.approx(min(values))
+        for x in feasible:
+            # M-convexity: x is optimal iff no exchange pair improves it
+            locally = all(w[i] >= w[j] for i, j in X.exchange_pairs(x))
+            assert locally == (w @ x >= max(values) - 1e-12)
+            for i, j in X.exchange_pairs(x):
+                y = x.copy()
+                y[i], y[j] = 0, 1
+                assert X.contains(y)
+
+
+def topk_stream(d, seed, T):
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(size=d)
+    for _ in range(T):
+        size = int(rng.integers(2, d + 1))
+        yield w, UniformMatroid(d, rng.choice(d, size=size, replace=False), int(rng.integers(1, size)))
+
+
+@pytest.mark.parametrize("centroid", ["exact", "consistent", "mcmc"])
+def test_learner_stops_making_mistakes(centroid):
+    d = 7
+    learner = MConvexInverseLearner(d, centroid=centroid, n_samples=500, random_state=0)
+    mistakes_at = []
+    for t, (w, X) in enumerate(topk_stream(d, 1, 1500)):
+        if not np.array_equal(learner.predict(X), X.argmax(w)):
+            mistakes_at.append(t)
+        learner.update(X, X.argmax(w))
+    assert learner.n_mistakes_ == len(mistakes_at)
+    if centroid == "exact":
+        assert learner.n_mistakes_ <= mistake_bound(d)
+    assert not mistakes_at or mistakes_at[-1] < 1000
+
+
+def test_robust_learner_restarts_and_non_robust_ignores():
+    d = 4
+    X = UniformMatroid(d, [0, 1, 2, 3], 1)
+    robust = MConvexInverseLearner(d)
+    ignore = MConvexInverseLearner(d, robust=False)
+    for learner in (robust, ignore):
+        learner.update(X, np.array([0, 0, 0, 1]))   # item 3 is the best: 3 > 0, 1, 2
+        learner.update(X, np.array([1, 0, 0, 0]))   # contradicts: 0 > 3
+    assert robust.n_restarts_ == 1 and robust.poset_.edges() == []
+    assert ignore.n_restarts_ == 0 and ignore.poset_.implies(3, 0) and not ignore.poset_.implies(0, 3)
+
+
+def test_bad_input():
+    learner = MConvexInverseLearner(4)
+    X = UniformMatroid(4, [0, 1, 2], 1)
+    with pytest.raises(ValueError, match="not in the feasible set"):
+        learner.update(X, np.array([0, 0, 0, 1]))
+    with pytest.raises(ValueError, match="dimension"):
+        learner.predict(UniformMatroid(5, [0, 1], 1))
+    with pytest.raises(ValueError, match="0/1 vector"):
+        X.contains(np.array([0.5, 0.5, 0, 0]))
+    with pytest.raises(ValueError, match="shape"):
+        X.contains(np.array([1, 0]))
+    with pytest.raises(ValueError, match="non-empty"):
+        UniformMatroid(4, [], 1)
+    with pytest.raises(ValueError, match="k must be"):
+        UniformMatroid(4, [0, 1], 3)
+    with pytest.raises(ValueError, match="disjoint"):
+        PartitionMatroid(4, [[0, 1], [1, 2]], [1, 1])
+    with pytest.raises(ValueError, match="d must be"):
+        MConvexInverseLearner(0)
+    with pytest.raises(ValueError, match="not in the feasible set"):
+        ONSLearner(4).update(X, np.array([0, 0, 0, 1]))
+
+
+def test_ons_and_ogd_stay_in_the_ball_and_ons_projection_is_kkt():
+    d = 5
+    ons, ogd = ONSLearner(d, K=2.0), OGDLearner(d, T=200, K=2.0)
+    for w, X in topk_stream(d, 3, 200):
+        for learner in (ons, ogd):
+            learner.update(X, X.argmax(w))
+            assert np.linalg.norm(learner.theta_) <= 1 + 1e-6
+    assert np.linalg.norm(ons.theta_) > 0
