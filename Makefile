@@ -21,13 +21,13 @@ help:
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip>=25.1"
+	$(PIP) install -qq --upgrade "pip>=25.1"
 
 # Re-install only when pyproject.toml changed (the stamp is older than it).
 $(STAMP): pyproject.toml | $(PY)
 	@$(MAKE) --no-print-directory system-deps
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[all]" --group dev
+	$(PIP) install -qq torch==2.13.0
+	$(PIP) install -qq -e ".[all]" --group dev
 	@touch $(STAMP)
 
 install: $(STAMP)
