@@ -1,11 +1,21 @@
 """FedIT: federated independence testing under client heterogeneity.
 
-Paper: "Powerful and Theoretically Guaranteed Independence Testing on Heterogeneous Federated Clients", ICML 2026 (poster 62361). https://icml.cc/virtual/2026/poster/62361
+Paper: "Powerful and Theoretically Guaranteed Independence Testing on Heterogeneous Federated Clients", ICML 2026
+(poster 62361). https://icml.cc/virtual/2026/poster/62361
 
-A federated HSIC independence test that stays valid when client marginals differ: a copula (rank) transform
-inside each client aligns the marginals, and a stacked, within-client-only aggregation keeps the dependence
-each client sees; gamma and permutation nulls, a random-feature acceleration and a differentially private
-mode.
+Existing federated independence tests lose validity or power when client marginals differ. A copula (rank)
+transform inside each client aligns the marginals; a stacked, within-client-only HSIC statistic keeps each
+client's dependence; gamma or permutation nulls, random-feature acceleration and a differentially private mode.
 
-Status: planned — not implemented yet (issue #6). ``icml26 info fedit`` shows the card and its claims.
+``FederatedIndependenceTest`` (sklearn-style, runs as a federated query on ``icml26.common.federation``, in
+process or on Flower) and ``core`` (the math). Reconstructed from the abstract and prior work: the paper's exact
+statistic, acceleration and privacy mechanism are not available (see the README).
 """
+
+from .core import aggregate, client_statistics, copula_transform, uniform_median_bandwidth
+from .test import DP, FederatedIndependenceTest, FedITQuery, check_clients
+
+__all__ = [
+    "DP", "FedITQuery", "FederatedIndependenceTest", "aggregate", "check_clients", "client_statistics",
+    "copula_transform", "uniform_median_bandwidth",
+]
