@@ -75,7 +75,7 @@ class Config:
 PRESETS: dict[str, Config] = {
     "smoke": Config(h0_reps=10, h1_reps=6, perm_reps=3, n_permutations=50, dp_reps=3),
     "quick": Config(),
-    "full": Config(h0_reps=500, h1_reps=200, perm_reps=150, n_permutations=500, dp_reps=100,
+    "full": Config(h0_reps=300, h1_reps=150, perm_reps=100, n_permutations=300, dp_reps=60,
                    dp_epsilons=(8.0, 2.0, 1.0)),
 }
 
