@@ -1,10 +1,31 @@
 """RePO: regret-based preference optimization.
 
-Paper: "A Regret Minimization Framework on Preference Learning in Large Language Models", ICML 2026 (spotlight). https://arxiv.org/abs/2606.09124
+Paper: "A Regret Minimization Framework on Preference Learning in Large Language Models", Suhwan Kim, Taehyun Cho
+et al., ICML 2026 (spotlight). https://arxiv.org/abs/2606.09124
 
-Preference optimisation that credits a response by its regret (how far it is from optimal) rather than by its
-realised outcome, using the behaviour policy's log-probabilities to correct for who generated each response; a
-DPO-style loss (RePO) and its deterministic variant (RePO_det), shipped as a TRL DPOTrainer loss.
-
-Status: planned — not implemented yet (issue #7). ``icml26 info regret_po`` shows the card and its claims.
+Preference optimisation that scores a response by (negative) regret: its token log-probabilities corrected by a
+tail estimate of the future KL between the behaviour policy that generated it and the current policy, so a lucky
+response from a weak generator is not credited like a sound one. ``RegretPOLoss`` (torch), ``RegretPOTrainer``
+and ``RegretPOConfig`` (TRL ``DPOTrainer`` subclass; imported lazily, extra ``hf``), ``attach_behavior_logps``.
+Not implemented: the official top-k and "unbalanced" variants and masked-pair augmentation.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .loss import RegretPOLoss, dpo_loss, ipo_loss, simpo_loss
+
+_LAZY = {"RegretPOTrainer", "RegretPOConfig", "BehaviorLogpsCollator", "attach_behavior_logps"}
+
+__all__ = ["RegretPOLoss", "dpo_loss", "ipo_loss", "simpo_loss", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from ..common.optional import requires
+
+        requires("trl", extra="hf", purpose="the RePO TRL trainer")
+        return getattr(importlib.import_module(f"{__name__}.trainer"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

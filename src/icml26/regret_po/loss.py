@@ -1,0 +1,168 @@
+"""The RePO loss (regret-based preference optimisation) on per-token log-probabilities, and its baselines' losses.
+
+For a completion y = (y_1..y_T) (completion tokens only, 1-based t), with l_t = log pi_theta(y_t | x, y_<t),
+b_t = log mu(y_t | x, y_<t) under the behaviour policy mu that generated y, and l^ref_t under the reference:
+
+    k_t   = 1 / (T - t + 1) * sum_{s = t..T} (b_s - l_s)        tail term (remaining window, t included)
+    r_t   = l_t - k_t                                            negative per-step regret estimate
+    S(y)  = (1 / T) sum_t r_t                                     normalisation "mean" (the official default)
+    Sref  = (1 / T) sum_t l^ref_t                                 no tail term
+    R(y)  = alpha (S(y) - c_ref Sref(y))
+    L     = -log sigmoid(R(y_w) - lambda R(y_l)) + c_sft NLL(y_w)
+
+RePO_det (the behaviour-free variant) sets b_t = 0. Rows of every (2B, T) tensor are ordered
+[chosen; rejected]; ``mask`` marks completion tokens (right padding allowed).
+
+Example:
+    >>> import torch
+    >>> logps = torch.log(torch.tensor([[0.5, 0.5], [0.2, 0.4]]))
+    >>> loss, stats = RegretPOLoss(deterministic=True)(logps, logps, torch.ones(2, 2))
+    >>> round(float(loss), 4), round(stats["reward_margin"], 4)
+    (1.3667, 0.0396)
+
+Reference: S. Kim, T. Cho et al., "A Regret Minimization Framework on Preference Learning in Large Language
+Models", ICML 2026, arXiv:2606.09124 (loss as in the official code, ``RePO_Loss`` / ``RePO_Loss_deterministic``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NORMALIZATIONS = ("mean", "sum")
+
+
+def _check(name: str, x: Tensor, shape: torch.Size | None = None) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be (2B, T), got shape {tuple(x.shape)}")
+    if shape is not None and x.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} like policy_logps")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} has NaN or Inf entries")
+
+
+def tail_term(policy_logps: Tensor, behavior_logps: Tensor, mask: Tensor) -> Tensor:
+    """k_t = mean over s >= t (valid tokens only) of (b_s - l_s): a reverse cumulative mean."""
+    diff = (behavior_logps - policy_logps) * mask
+    # $$k_t = \frac{1}{T - t + 1} \sum_{s=t}^{T} (b_s - \ell_s)$$
+    rev_sum = diff.flip(-1).cumsum(-1).flip(-1)
+    remaining = mask.flip(-1).cumsum(-1).flip(-1)
+    return torch.where(mask > 0, rev_sum / remaining.clamp(min=1), torch.zeros_like(rev_sum))
+
+
+def sequence_score(policy_logps: Tensor, mask: Tensor, behavior_logps: Tensor | None,
+                   normalization: str = "mean") -> Tensor:
+    """S(y) = normalise_t (l_t - k_t); with ``behavior_logps=None`` the plain normalised log-probability."""
+    per_token = policy_logps if behavior_logps is None else policy_logps - tail_term(policy_logps, behavior_logps, mask)
+    total = (per_token * mask).sum(-1)
+    if normalization == "sum":
+        return total
+    # $$S(y) = \frac{1}{T} \sum_t r_t$$
+    return total / mask.sum(-1).clamp(min=1)
+
+
+class RegretPOLoss(nn.Module):
+    """RePO / RePO_det as a module: ``loss, stats = RegretPOLoss()(policy, ref, mask, behavior)``.
+
+    Args:
+        alpha: scale of the score difference (official 0.1).
+        cpl_lambda: lambda, the conservative coefficient on the rejected score only (official 1).
+        ref_coef: c_ref, weight of the reference score (official 1).
+        sft_coef: c_sft, weight of the chosen response's NLL (official 1.0; the trainer's RPO-style term).
+        normalization: ``"mean"`` (official) or ``"sum"`` over completion tokens.
+        deterministic: RePO_det, b_t = 0 (needs no behaviour log-probs).
+    """
+
+    def __init__(self, alpha: float = 0.1, cpl_lambda: float = 1.0, ref_coef: float = 1.0, sft_coef: float = 1.0,
+                 normalization: str = "mean", deterministic: bool = False):
+        super().__init__()
+        for name, value in (("alpha", alpha), ("cpl_lambda", cpl_lambda), ("ref_coef", ref_coef),
+                            ("sft_coef", sft_coef)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if alpha <= 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if sft_coef < 0:
+            raise ValueError(f"sft_coef must be >= 0, got {sft_coef}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+        self.alpha, self.cpl_lambda, self.ref_coef, self.sft_coef = alpha, cpl_lambda, ref_coef, sft_coef
+        self.normalization, self.deterministic = normalization, deterministic
+
+    def forward(self, policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, behavior_logps: Tensor | None = None
+                ) -> tuple[Tensor, dict[str, float]]:
+        """Mean loss over the B pairs, and statistics (rewards, margin, accuracy, NLL).
+
+        Args:
+            policy_logps, ref_logps: (2B, T) per-token log-probs, rows [chosen; rejected].
+            mask: (2B, T), 1 on completion tokens.
+            behavior_logps: (2B, T) log-probs under the policy that generated each response (required unless
+                ``deterministic``).
+        """
+        _check("policy_logps", policy_logps)
+        _check("ref_logps", ref_logps, policy_logps.shape)
+        _check("mask", mask, policy_logps.shape)
+        if policy_logps.shape[0] % 2:
+            raise ValueError("policy_logps needs an even number of rows: [chosen; rejected]")
+        lengths = mask.sum(-1)
+        if (lengths == 0).any():
+            raise ValueError(f"empty responses (no completion token) in rows {torch.nonzero(lengths == 0).ravel().tolist()}")
+        mask = mask.to(policy_logps.dtype)
+        if self.deterministic:
+            # RePO_det: the generation log-prob is taken as log 1 = 0
+            behavior = torch.zeros_like(policy_logps)
+        else:
+            if behavior_logps is None:
+                raise ValueError("RePO needs behavior_logps (the log-probs of the policy that generated each "
+                                 "response); use deterministic=True for plain preference pairs")
+            _check("behavior_logps", behavior_logps, policy_logps.shape)
+            behavior = behavior_logps.to(policy_logps.dtype)
+        score = sequence_score(policy_logps, mask, behavior, self.normalization)
+        ref_score = sequence_score(ref_logps.to(policy_logps.dtype), mask, None, self.normalization)
+        # $$R(y) = \alpha\,(S_\theta(y) - c_{ref} S_{ref}(y))$$
+        reward = self.alpha * (score - self.ref_coef * ref_score)
+        chosen, rejected = reward.chunk(2)
+        # $$\mathcal{L} = -\log\sigma(R(y_w) - \lambda R(y_l)) + c_{sft}\,\mathrm{NLL}(y_w)$$
+        pref = -F.logsigmoid(chosen - self.cpl_lambda * rejected)
+        c_logps, _ = policy_logps.chunk(2)
+        c_mask, _ = mask.chunk(2)
+        nll = -(c_logps * c_mask).sum(-1) / c_mask.sum(-1)
+        loss = (pref + self.sft_coef * nll).mean()
+        stats = {"rewards_chosen": float(chosen.mean().detach()), "rewards_rejected": float(rejected.mean().detach()),
+                 "reward_margin": float((chosen - rejected).mean().detach()),
+                 "reward_accuracy": float((chosen > rejected).float().mean()), "nll": float(nll.mean().detach())}
+        return loss, stats
+
+
+# -------------------------------------------------------------------------------- the baselines' pair losses
+def dpo_loss(policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
+             ) -> Tensor:
+    """DPO (Rafailov et al. 2023): -log sigmoid(beta [(log pi - log ref)(y_w) - (log pi - log ref)(y_l)]);
+    ``sft_coef > 0`` adds the chosen NLL (RPO, Pang et al. 2024)."""
+    ratio = ((policy_logps - ref_logps) * mask).sum(-1)
+    win, lose = ratio.chunk(2)
+    loss = -F.logsigmoid(beta * (win - lose))
+    if sft_coef:
+        c_logps, _ = policy_logps.chunk(2)
+        c_mask, _ = mask.chunk(2)
+        loss = loss + sft_coef * (-(c_logps * c_mask).sum(-1) / c_mask.sum(-1))
+    return loss.mean()
+
+
+def ipo_loss(policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1) -> Tensor:
+    """IPO (Azar et al. 2024) with TRL's length normalisation: (h_w - h_l - 1 / (2 beta))^2, h = mean log ratio."""
+    h = ((policy_logps - ref_logps) * mask).sum(-1) / mask.sum(-1)
+    win, lose = h.chunk(2)
+    return ((win - lose - 1.0 / (2.0 * beta)) ** 2).mean()
+
+
+def simpo_loss(policy_logps: Tensor, mask: Tensor, beta: float = 2.0, gamma: float = 1.0) -> Tensor:
+    """SimPO (Meng et al. 2024): -log sigmoid(beta (mean log pi(y_w) - mean log pi(y_l)) - gamma), no reference."""
+    s = (policy_logps * mask).sum(-1) / mask.sum(-1)
+    win, lose = s.chunk(2)
+    return -F.logsigmoid(beta * (win - lose) - gamma).mean()

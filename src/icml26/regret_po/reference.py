@@ -1,0 +1,36 @@
+"""A literal float64 transcription of the RePO loss for one pair, with explicit loops (tests only).
+
+Example:
+    >>> round(repo_pair_loss([-0.7, -0.7], [-1.6, -0.9], [-0.7, -0.7], [-1.6, -0.9], None, None), 6)
+    1.374573
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def repo_score(logps: Sequence[float], behavior: Sequence[float] | None, normalization: str = "mean") -> float:
+    """S(y) = normalise_t (l_t - k_t), k_t = (1 / (T - t + 1)) sum_{s >= t} (b_s - l_s); b = 0 if None."""
+    T = len(logps)
+    b = [0.0] * T if behavior is None else list(behavior)
+    r = []
+    for t in range(T):
+        k = sum(b[s] - logps[s] for s in range(t, T)) / (T - t)
+        r.append(logps[t] - k)
+    return sum(r) / T if normalization == "mean" else sum(r)
+
+
+def repo_pair_loss(l_w: Sequence[float], l_l: Sequence[float], ref_w: Sequence[float], ref_l: Sequence[float],
+                   b_w: Sequence[float] | None, b_l: Sequence[float] | None, *, alpha: float = 0.1,
+                   cpl_lambda: float = 1.0, ref_coef: float = 1.0, sft_coef: float = 1.0,
+                   normalization: str = "mean") -> float:
+    """-log sigmoid(R_w - lambda R_l) + c_sft * mean NLL(y_w), R = alpha (S - c_ref mean/sum of ref log-probs)."""
+    def ref_score(v: Sequence[float]) -> float:
+        return sum(v) / len(v) if normalization == "mean" else sum(v)
+
+    R_w = alpha * (repo_score(l_w, b_w, normalization) - ref_coef * ref_score(ref_w))
+    R_l = alpha * (repo_score(l_l, b_l, normalization) - ref_coef * ref_score(ref_l))
+    z = R_w - cpl_lambda * R_l
+    return math.log1p(math.exp(-z)) + sft_coef * (-sum(l_w) / len(l_w))

@@ -1,0 +1,102 @@
+"""RegretPOTrainer (TRL DPOTrainer subclass): trains offline, computes the RePO loss, keeps behaviour log-probs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("trl")
+
+from icml26.common.tiny_lm import (  # noqa: E402
+    char_tokenizer,
+    completion_batch,
+    completion_logps,
+    save_lab_model,
+    tiny_causal_lm,
+)
+from icml26.regret_po import RegretPOLoss  # noqa: E402
+from icml26.regret_po.trainer import (  # noqa: E402
+    BehaviorLogpsCollator,
+    RegretPOConfig,
+    RegretPOTrainer,
+    attach_behavior_logps,
+)
+
+
+def pairs(n=8):
+    return datasets.Dataset.from_dict({"prompt": ["1+2=", "4+4=", "rev:ab=", "9+0="][: n] * (n // 4 or 1),
+                                       "chosen": ["3", "8", "ba", "9"][: n] * (n // 4 or 1),
+                                       "rejected": ["4", "7", "ab", "90"][: n] * (n // 4 or 1)})
+
+
+def args(tmp_path, **kw):
+    return RegretPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, report_to="none",
+                          use_cpu=True, logging_steps=1, disable_tqdm=True, learning_rate=1e-3, **kw)
+
+
+def quiet_train(trainer):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return trainer.train()
+
+
+def test_full_repo_with_behaviour_logps_trains(tmp_path):
+    tok = char_tokenizer()
+    behaviour = tiny_causal_lm(len(tok), seed=5)
+    data = attach_behavior_logps(pairs(), behaviour, tok)
+    assert len(data[0]["chosen_behavior_logps"]) == 2  # "3" + eos
+    model = tiny_causal_lm(len(tok), seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = RegretPOTrainer(model, args=args(tmp_path), train_dataset=data, processing_class=tok)
+    result = quiet_train(trainer)
+    assert result.global_step == 2
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert any("repo/reward_margin" in entry for entry in trainer.state.log_history)
+
+
+def test_trainer_loss_is_the_repo_loss(tmp_path):
+    tok = char_tokenizer()
+    behaviour = tiny_causal_lm(len(tok), seed=5)
+    data = attach_behavior_logps(pairs(4), behaviour, tok)
+    model, ref = tiny_causal_lm(len(tok), seed=0), tiny_causal_lm(len(tok), seed=1)
+    trainer = RegretPOTrainer(model, ref_model=ref, args=args(tmp_path), train_dataset=data, processing_class=tok)
+    examples = [trainer.train_dataset[i] for i in range(4)]
+    inputs = trainer.data_collator(examples)
+    with torch.no_grad():
+        got = trainer._compute_loss(model, dict(inputs), return_outputs=False)
+        batch = completion_batch(tok, [e for e in pairs(4)["prompt"]] * 2,
+                                 list(pairs(4)["chosen"]) + list(pairs(4)["rejected"]))
+        lp, mask = completion_logps(model, batch)
+        rl, _ = completion_logps(ref, batch)
+        beh = inputs["behavior_logps"][:, 1:][:, : lp.shape[1]]
+        expected, _ = RegretPOLoss()(lp, rl, mask, beh)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_from_pretrained_path_offline(tmp_path):
+    tok = char_tokenizer()
+    path = save_lab_model(tiny_causal_lm(len(tok), seed=0), tok, tmp_path / "tiny")
+    trainer = RegretPOTrainer(str(path), args=args(tmp_path / "out", deterministic=True), train_dataset=pairs(),
+                              processing_class=tok)
+    assert quiet_train(trainer).global_step == 2
+
+
+def test_bad_input(tmp_path):
+    tok = char_tokenizer()
+    model = tiny_causal_lm(len(tok), seed=0)
+    with pytest.raises(ValueError, match="behaviour log-prob columns"):
+        RegretPOTrainer(model, args=args(tmp_path), train_dataset=pairs(), processing_class=tok)
+    with pytest.raises(ValueError, match="precompute_ref_log_probs"):
+        RegretPOTrainer(model, args=args(tmp_path, deterministic=True, precompute_ref_log_probs=True),
+                        train_dataset=pairs(), processing_class=tok)
+    with pytest.raises(TypeError, match="RegretPOConfig"):
+        from trl import DPOConfig
+        RegretPOTrainer(model, args=DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+                        train_dataset=pairs(), processing_class=tok)
+    collator = BehaviorLogpsCollator(pad_token_id=0)
+    with pytest.raises(ValueError, match="one per completion token"):
+        collator([{"prompt_ids": [5], "chosen_ids": [6, 2], "rejected_ids": [7, 2],
+                   "chosen_behavior_logps": [-1.0], "rejected_behavior_logps": [-1.0, -1.0]}])
