@@ -293,24 +293,43 @@ def completion_logps(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.
 
     Position t holds log p(input_ids[t+1] | input_ids[:t+1]); the mask is ``completion_mask[:, 1:]``.
     """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    return _logps_of(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch)
+
+
+def _logps_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
     return logps, batch["completion_mask"][:, 1:].to(logps.dtype)
 
 
 def sft(model: Any, tokenizer: Any, prompts: Sequence[str], completions: Sequence[str], *, steps: int,
-        batch_size: int = 32, lr: float = 3e-3, seed: int = 0, desc: str | None = "sft") -> Any:
-    """Supervised fine-tuning on the completion tokens (mean token NLL), AdamW, seeded batches."""
+        batch_size: int = 32, lr: float = 3e-3, seed: int = 0, desc: str | None = "sft",
+        aux_loss_coef: float = 0.0) -> Any:
+    """Supervised fine-tuning on the completion tokens (mean token NLL), AdamW, seeded batches.
+
+    ``aux_loss_coef > 0`` adds that multiple of a mixture-of-experts model's load-balancing loss
+    (``model(..., output_router_logits=True).aux_loss``), which keeps the router from collapsing onto few experts.
+    """
     if not prompts:
         raise ValueError("sft needs at least one example")
+    if aux_loss_coef < 0:
+        raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = np.random.default_rng(seed)
     model.train()
     for _ in progress(range(steps), desc=desc) if desc else range(steps):
         idx = g.integers(0, len(prompts), size=batch_size)
         batch = completion_batch(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
-        logps, mask = completion_logps(model, batch)
-        loss = -(logps * mask).sum() / mask.sum()
+        if aux_loss_coef:
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        output_router_logits=True)
+            if getattr(out, "aux_loss", None) is None:
+                raise TypeError(f"aux_loss_coef needs a mixture-of-experts model; {type(model).__name__} "
+                                "returns no aux_loss")
+            logps, mask = _logps_of(out.logits, batch)
+            loss = -(logps * mask).sum() / mask.sum() + aux_loss_coef * out.aux_loss
+        else:
+            logps, mask = completion_logps(model, batch)
+            loss = -(logps * mask).sum() / mask.sum()
         if not torch.isfinite(loss):
             raise FloatingPointError(f"sft loss is {float(loss)}")
         opt.zero_grad(set_to_none=True)
