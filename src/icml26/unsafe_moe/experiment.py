@@ -109,7 +109,7 @@ class Config:
 PRESETS: dict[str, Config] = {
     "smoke": Config(pretrain_steps=60, align_steps=40, n_eval=3, n_calib=3, n_candidates=4, max_iters=1,
                     rosais_masks=4),
-    "quick": Config(n_eval=8, n_calib=6, n_candidates=8, max_iters=2),
+    "quick": Config(pretrain_steps=300, align_steps=200, n_eval=8, n_calib=4, n_candidates=8, max_iters=2),
     "full": Config(lab_seed=None, families=("mixtral", "qwen2_moe", "olmoe")),
 }
 
