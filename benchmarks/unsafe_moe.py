@@ -1,0 +1,88 @@
+"""Unsafe MoE: the cost of route control, and batched F-SOUR candidates against the official one-at-a-time loop.
+
+On the reproduction's aligned tiny Mixtral (quick preset, cached), for one held-out harmful prompt + target:
+
+1. a plain forward vs the same forward with a ``RouterController`` attached (no rules; and with a route forced
+   on every prompt token of every layer), medians of interleaved rounds: the hook overhead;
+2. one F-SOUR (token, layer) step with N candidate subsets: N separate forwards (the official loop) vs one
+   batched forward of N rows (ours); the two give the same log-probabilities (checked).
+
+One torch thread. Run: ``.venv/bin/python benchmarks/unsafe_moe.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from icml26.unsafe_moe import RouterController
+from icml26.unsafe_moe.attack import _phi, encode, random_subsets, target_logprob
+from icml26.unsafe_moe.experiment import EVAL_PREFIXES, HARMFUL, PRESETS, TARGET, aligned_model, prompts
+
+
+def _ms(fn, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--candidates", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, tok = aligned_model(PRESETS["quick"], "mixtral", 0)
+    prompt = prompts(EVAL_PREFIXES, HARMFUL)[0]
+    p_ids, t_ids = encode(tok, prompt), encode(tok, TARGET)
+    n = args.candidates
+    print(f"prompt {len(p_ids)} tokens + target {len(t_ids)}; {n} candidates; medians of {args.rounds} rounds; "
+          "one torch thread\n")
+
+    def forward() -> None:
+        target_logprob(model, p_ids, t_ids)
+
+    plain = _ms(forward, args.rounds)
+    with RouterController(model) as rc:
+        idle = _ms(forward, args.rounds)
+        rng = np.random.default_rng(0)
+        for layer in rc.layers:
+            rc.set_phi(layer, _phi(random_subsets(rng, len(p_ids), 8, 2), 8))
+        forced = _ms(forward, args.rounds)
+        rc.clear()
+        cands = random_subsets(rng, n, 8, 2)
+
+        def one_at_a_time() -> torch.Tensor:
+            out = []
+            for c in cands:
+                rc.force(1, 5, c.tolist())
+                out.append(target_logprob(model, p_ids, t_ids)[0])
+                rc.clear()
+            return torch.stack(out)
+
+        def batched() -> torch.Tensor:
+            rc.force(1, 5, cands)
+            out = target_logprob(model, p_ids, t_ids, rows=n)
+            rc.clear()
+            return out
+
+        torch.testing.assert_close(one_at_a_time(), batched(), atol=1e-4, rtol=1e-5)
+        sequential, together = _ms(one_at_a_time, args.rounds), _ms(batched, args.rounds)
+    print("| measurement | ms (wall) | ratio |")
+    print("|---|---|---|")
+    print(f"| forward, no controller | {plain:.2f} | 1 |")
+    print(f"| forward, controller attached, no rules | {idle:.2f} | {idle / plain:.2f} |")
+    print(f"| forward, a route forced on every token and layer | {forced:.2f} | {forced / plain:.2f} |")
+    print(f"| F-SOUR step, {n} candidates one at a time (official loop) | {sequential:.2f} | 1 |")
+    print(f"| F-SOUR step, {n} candidates in one batch (ours) | {together:.2f} | {together / sequential:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
