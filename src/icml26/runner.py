@@ -136,6 +136,7 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
     base_cfg = exp.PRESETS[mode]
     set_threads(int(getattr(base_cfg, "threads", 1)))
 
+    env = environment()                     # the checkout as the run starts (edits made meanwhile do not count)
     t0 = time.perf_counter()
     runs: list[SeedRun] = []
     bar = progress(seeds, desc=f"{paper.slug} {mode}") if show_progress else seeds
@@ -170,7 +171,7 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
 
     result = {
         "slug": paper.slug, "mode": mode, "seeds": seeds, "config": _jsonable_config(base_cfg),
-        "arms": arms, "claims": claims, "env": environment(), "wall_s": round(wall_s, 3),
+        "arms": arms, "claims": claims, "env": env, "wall_s": round(wall_s, 3),
         "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     }
     target_dir = Path(out_dir) / paper.slug

@@ -282,7 +282,10 @@ def run(cfg: Config) -> SeedRun:
         metrics[arm] = {n: float(np.mean([per_family[f][arm][n] for f in cfg.families])) for n in names}
         if len(cfg.families) > 1 and "asr" in names:
             metrics[arm].update({f"asr_{f}": per_family[f][arm]["asr"] for f in cfg.families})
-    return SeedRun(metrics, series={"families": series})
+    notes = {"fsour_asr": "the rule judge counts a jailbreak only when the answer carries the harmful key; compare "
+                          "fsour.asr_affirmative (answers that open affirmatively) and the prefill arm (keys that "
+                          "survived alignment)"}
+    return SeedRun(metrics, series={"families": series}, notes=notes)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
