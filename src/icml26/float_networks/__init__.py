@@ -1,10 +1,24 @@
-"""Floating-point networks that represent values and autodiff gradients.
+"""Floating-point networks that represent values and autodiff gradients exactly.
 
-Paper: "Floating-Point Networks with Automatic Differentiation Can Represent Almost All Floating-Point Functions and Their Gradients", ICML 2026. https://arxiv.org/abs/2605.01702
+Paper: "Floating-Point Networks with Automatic Differentiation Can Represent Almost All Floating-Point Functions
+and Their Gradients", Geonho Hwang et al., ICML 2026. https://arxiv.org/abs/2605.01702
 
-Given float points, target values and target gradients, construct a network whose floating-point forward pass
-and whose autodiff gradient (through an outer phi) hit the targets bit for bit, for ReLU, ELU, GELU, SiLU,
-sigmoid and tanh in float32, float16 and bfloat16.
-
-Status: planned — not implemented yet (issue #15). ``icml26 info float_networks`` shows the card and its claims.
+``construct`` builds a network whose float forward values and autograd input-gradients (through an outer phi)
+equal given targets bit for bit on a finite domain; ``verify`` checks any network point by point (exactness, ulp
+distances, unreachable targets); ``saturation_thresholds`` scans an activation's exactly saturated regimes.
+The construction is the project's own (only the abstract is public).
 """
+
+from .construct import (
+           ACTIVATIONS,
+           DTYPES,
+           FloatNetwork,
+           Unreachable,
+           construct,
+           phi_slope,
+           saturation_thresholds,
+)
+from .verify import VerificationResult, ulp_distance, verify
+
+__all__ = ["ACTIVATIONS", "DTYPES", "FloatNetwork", "Unreachable", "VerificationResult", "construct", "phi_slope",
+           "saturation_thresholds", "ulp_distance", "verify"]

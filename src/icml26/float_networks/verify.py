@@ -1,0 +1,134 @@
+"""Verify a network's floating-point values and autodiff gradients against targets, point by point.
+
+A target is hit when the computed float equals it (IEEE equality: +0 and -0 count as equal, NaN never does);
+otherwise the distance is counted in units in the last place (ulps, the number of floats between the two).
+
+Example:
+    >>> import torch
+    >>> ulp_distance(torch.tensor([1.0, 1.0]), torch.tensor([1.0, float(torch.nextafter(torch.tensor(1.0),
+    ...                                                                                  torch.tensor(2.0)))]))
+    tensor([0., 1.], dtype=torch.float64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+        torch.float64: torch.int64}
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Floats strictly between ``a`` and ``b`` plus one (0 when equal, +-0 equal; inf with a NaN or an infinity)."""
+    if a.dtype != b.dtype or a.dtype not in _INT:
+        raise TypeError(f"a and b must share a float dtype, got {a.dtype} and {b.dtype}")
+    bits = 8 * a.element_size()
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        i = x.contiguous().view(_INT[x.dtype]).to(torch.int64)
+        sign = i < 0
+        mag = i & ((1 << (bits - 1)) - 1)
+        return torch.where(sign, -mag, mag)
+
+    d = (ordered(a) - ordered(b)).abs().to(torch.float64)
+    bad = ~(torch.isfinite(a) & torch.isfinite(b))
+    return torch.where(bad, torch.full_like(d, float("inf")), d)
+
+
+@dataclass
+class VerificationResult:
+    """Per-point exactness of values and gradients.
+
+    Attributes:
+        exact_value: ``(n,)`` bool.
+        exact_grad: ``(n, d)`` bool.
+        value_ulps: ``(n,)`` ulp distances.
+        grad_ulps: ``(n, d)`` ulp distances.
+        unreachable: ``(n, d)`` bool: targets the construction reported as unreachable.
+        nan: NaN values or gradients seen.
+    """
+
+    exact_value: torch.Tensor
+    exact_grad: torch.Tensor
+    value_ulps: torch.Tensor
+    grad_ulps: torch.Tensor
+    unreachable: torch.Tensor
+    nan: int
+
+    @property
+    def exact_value_frac(self) -> float:
+        return float(self.exact_value.double().mean())
+
+    @property
+    def exact_grad_frac(self) -> float:
+        """Share of all gradient targets hit (unreachable ones count as missed)."""
+        return float(self.exact_grad.double().mean())
+
+    @property
+    def exact_reachable_grad_frac(self) -> float:
+        """Share of the reachable gradient targets hit (1.0 when none is reachable)."""
+        reach = ~self.unreachable
+        return float(self.exact_grad[reach].double().mean()) if reach.any() else 1.0
+
+    @property
+    def reachable_frac(self) -> float:
+        return float((~self.unreachable).double().mean())
+
+    @property
+    def max_ulp_value(self) -> float:
+        return float(self.value_ulps.max())
+
+    @property
+    def max_ulp_grad(self) -> float:
+        return float(self.grad_ulps[~self.unreachable].max()) if (~self.unreachable).any() else 0.0
+
+    def summary(self) -> str:
+        return (f"values exact {self.exact_value_frac:.4f} (max {self.max_ulp_value:g} ulp), gradients exact "
+                f"{self.exact_grad_frac:.4f}, reachable ones {self.exact_reachable_grad_frac:.4f} (max "
+                f"{self.max_ulp_grad:g} ulp), unreachable {int(self.unreachable.sum())}, NaN {self.nan}")
+
+
+def verify(model: nn.Module, points: torch.Tensor, values: torch.Tensor, grads: torch.Tensor | None = None, *,
+           phi: Callable[[torch.Tensor], torch.Tensor] | None = None,
+           dtype: torch.dtype | None = None) -> VerificationResult:
+    """Evaluate ``model`` at ``points`` in ``dtype`` and compare f(x_p) with ``values`` and autograd's
+    D(phi o f)(x_p) with ``grads``.
+
+    Args:
+        model: maps ``(n,)`` (1-D) or ``(n, d)`` inputs to ``(n,)`` outputs, each row independently.
+        points: the domain points.
+        values: ``(n,)`` target values.
+        grads: ``(n,)`` or ``(n, d)`` target gradients of phi o f (default: not checked, counted exact).
+        phi: outer function (default identity).
+        dtype: the format (default ``model.dtype`` or the points' dtype).
+
+    Returns:
+        a :class:`VerificationResult`.
+    """
+    dtype = dtype or getattr(model, "dtype", None) or points.dtype
+    x = points.detach().to(dtype).clone().requires_grad_(True)
+    out = model(x)
+    if out.shape != (x.shape[0],):
+        raise ValueError(f"model must return one value per point, shape ({x.shape[0]},), got {tuple(out.shape)}")
+    loss = phi(out) if phi is not None else out
+    (grad,) = torch.autograd.grad(loss.sum(), x)
+    n = x.shape[0]
+    grad = grad.reshape(n, -1)
+    val_t = values.detach().to(dtype).reshape(n)
+    exact_value = (out.detach() == val_t) & torch.isfinite(out.detach())
+    value_ulps = ulp_distance(out.detach(), val_t)
+    if grads is None:
+        target = grad.detach()
+    else:
+        target = grads.detach().to(dtype).reshape(n, -1)
+    exact_grad = (grad == target) & torch.isfinite(grad)
+    grad_ulps = ulp_distance(grad.detach(), target)
+    unreachable = torch.zeros_like(exact_grad)
+    for u in getattr(model, "unreachable", []):
+        unreachable[u.point, u.coordinate] = True
+    nan = int(torch.isnan(out).sum() + torch.isnan(grad).sum())
+    return VerificationResult(exact_value, exact_grad, value_ulps, grad_ulps, unreachable, nan)

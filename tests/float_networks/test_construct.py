@@ -1,0 +1,170 @@
+"""The construction: bit-exact values and autodiff gradients for six activations and three formats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from icml26.float_networks import ACTIVATIONS, construct, saturation_thresholds, ulp_distance, verify
+
+FORMATS = (torch.float32, torch.float16, torch.bfloat16)
+_INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _grid():
+    return torch.arange(-64, 64, dtype=torch.float64) / 64
+
+
+def _targets(n, dtype, seed, dim=1):
+    g = torch.Generator().manual_seed(seed)
+    vals = (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype).double()
+    grads = (torch.randn(n, dim, generator=g, dtype=torch.float64) * 10).to(dtype).double()
+    return vals, grads
+
+
+def _same_bits(a, b):
+    """Bit equality with +0 == -0 (an independent check of verify's IEEE comparison)."""
+    a, b = a.contiguous(), b.contiguous()
+    zero = (a == 0) & (b == 0)
+    return bool(((a.view(_INT[a.dtype]) == b.view(_INT[b.dtype])) | zero).all())
+
+
+@pytest.mark.parametrize("dtype", FORMATS, ids=str)
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_values_and_gradients_are_bit_exact(activation, dtype):
+    pts = _grid()
+    vals, grads = _targets(len(pts), dtype, seed=len(activation))
+    net = construct(pts, vals, grads, activation=activation, dtype=dtype)   # audits itself
+    x = pts.to(dtype).requires_grad_(True)
+    out = net(x)
+    # an autograd path independent of verify(): torch.func on single points
+    jac = torch.func.vmap(torch.func.grad(lambda xi: net(xi[None])[0]))(pts.to(dtype))
+    out.sum().backward()
+    assert _same_bits(out.detach(), vals.to(dtype))
+    assert _same_bits(x.grad, grads[:, 0].to(dtype))
+    assert _same_bits(jac, grads[:, 0].to(dtype))
+    assert net.unreachable == []
+
+
+def test_hand_computed_three_points():
+    net = construct(torch.tensor([-1.0, 0.0, 0.5]), torch.tensor([2.0, -3.0, 0.0]), torch.tensor([0.25, 5.0, -1.0]),
+                    activation="relu", dtype=torch.float32)
+    x = torch.tensor([-1.0, 0.0, 0.5], requires_grad=True)
+    y = net(x)
+    y.sum().backward()
+    assert y.tolist() == [2.0, -3.0, 0.0] and x.grad.tolist() == [0.25, 5.0, -1.0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(ACTIVATIONS)), st.sampled_from(FORMATS),
+       st.lists(st.integers(-120, 120), min_size=2, max_size=12, unique=True), st.integers(0, 10_000))
+def test_property_random_domains(activation, dtype, ticks, seed):
+    pts = torch.tensor(sorted(ticks), dtype=torch.float64) / 128
+    vals, grads = _targets(len(pts), dtype, seed)
+    net = construct(pts, vals, grads, activation=activation, dtype=dtype)
+    r = verify(net, pts, vals, grads)
+    assert r.exact_value_frac == 1.0 and r.exact_grad_frac == 1.0 and r.nan == 0
+
+
+def test_two_dimensional_grid():
+    side = torch.arange(8, dtype=torch.float64) / 8
+    pts = torch.stack(torch.meshgrid(side, side, indexing="ij"), -1).reshape(-1, 2)
+    vals, grads = _targets(64, torch.float32, seed=1, dim=2)
+    for activation in ("relu", "tanh", "gelu"):
+        r = verify(construct(pts, vals, grads, activation=activation), pts, vals, grads)
+        assert r.exact_value_frac == 1.0 and r.exact_grad_frac == 1.0
+
+
+def test_batched_equals_one_point_at_a_time():
+    pts = _grid()[::4]
+    vals, grads = _targets(len(pts), torch.bfloat16, seed=3)
+    net = construct(pts, vals, grads, activation="silu", dtype=torch.bfloat16)
+    x = pts.to(torch.bfloat16)
+    one_by_one = torch.cat([net(x[i:i + 1]) for i in range(len(x))])
+    assert _same_bits(net(x), one_by_one)
+
+
+def test_phi_composition_and_unreachable_targets():
+    pts = _grid()[::8]
+    n = len(pts)
+    vals = torch.full((n,), 0.5, dtype=torch.float64)
+    vals[::2] = 3.0
+    grads = torch.full((n, 1), 1.5, dtype=torch.float64)
+    grads[1::4] = 0.0
+
+    def mse(y):
+        return (y - 0.5) ** 2
+
+    net = construct(pts, vals, grads, activation="tanh", phi=mse, audit=True)
+    r = verify(net, pts, vals, grads, phi=mse)
+    # phi'(0.5) = 0: a non-zero gradient target is unreachable there, a zero one is hit
+    flat = {u.point for u in net.unreachable}
+    assert flat == {p for p in range(n) if p % 2 == 1 and p % 4 != 1}
+    assert all("phi'(g) = 0.0" in u.reason for u in net.unreachable)
+    assert r.exact_value_frac == 1.0 and r.exact_reachable_grad_frac == 1.0
+    assert r.exact_grad[1::4].all()
+
+
+def test_rounding_can_skip_a_target():
+    # phi(y) = 3 y in float16: fl(3 s) never equals some floats v; find one and check it is reported
+    def triple(y):
+        return 3 * y
+
+    s = torch.arange(1024, 2048, dtype=torch.float64).to(torch.float16)     # every float16 in [1024, 2048)
+    hit = set((3 * s).tolist())
+    v = next(float(c) for c in torch.arange(3072, 6144, 2, dtype=torch.float64).to(torch.float16).tolist()
+             if c not in hit)
+    net = construct(torch.tensor([0.0, 0.5]), torch.tensor([1.0, 1.0]), torch.tensor([v, 3.0]), activation="relu",
+                    dtype=torch.float16, phi=triple)
+    assert [(u.point, "rounding skips" in u.reason) for u in net.unreachable] == [(0, True)]
+
+
+def test_saturation_thresholds_by_hand():
+    t = saturation_thresholds("tanh", torch.float32)
+    assert t["hi"] == 16.0 and t["hi_value"] == 1.0 and t["d0"] == 1.0
+    z = torch.tensor(8.0, requires_grad=True)
+    torch.tanh(z).backward()
+    assert z.grad.item() != 0.0                         # 8 is not yet saturated in float32, so 16 is the first
+    s = saturation_thresholds("sigmoid", torch.float16)
+    assert (s["a0"], s["d0"], s["lo_value"]) == (0.5, 0.25, 0.0)
+    assert saturation_thresholds("elu", torch.float32)["flat_value"] == -1.0
+
+
+def test_ulp_distance_counts_floats():
+    a = torch.tensor(1.0, dtype=torch.float16)
+    b = a
+    for _ in range(5):
+        b = torch.nextafter(b, torch.tensor(2.0, dtype=torch.float16))
+    assert ulp_distance(a[None], b[None]).item() == 5
+    neg = torch.tensor([-0.0, 0.0, float(np.nextafter(np.float32(0), np.float32(1)))], dtype=torch.float32)
+    assert ulp_distance(neg, torch.zeros(3)).tolist() == [0.0, 0.0, 1.0]
+    assert ulp_distance(torch.tensor([float("nan")]), torch.tensor([1.0])).item() == float("inf")
+
+
+def test_bad_input():
+    pts = torch.tensor([0.0, 0.5])
+    with pytest.raises(ValueError, match="duplicate"):
+        construct(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"outside the range of torch\.float16"):
+        construct(pts, torch.tensor([1e6, 0.0]), dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"not representable in torch\.float16"):
+        construct(pts, torch.tensor([0.1, 0.0], dtype=torch.float64), dtype=torch.float16)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        construct(pts, torch.zeros(2), activation="softsign")
+    with pytest.raises(ValueError, match="dtype must be"):
+        construct(pts, torch.zeros(2), dtype=torch.float64)
+    with pytest.raises(ValueError, match="values must have 2 entries"):
+        construct(pts, torch.zeros(3))
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        construct(pts, torch.tensor([float("nan"), 0.0]))
+    with pytest.raises(TypeError, match="float tensor"):
+        construct(pts, torch.tensor([True, False]))
+    dense = torch.arange(0, 1, 2.0 ** -11, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"too dense for torch\.float16"):
+        construct(dense, torch.zeros(len(dense)), activation="gelu", dtype=torch.float16)
+    net = construct(pts, torch.zeros(2))
+    with pytest.raises(TypeError, match=r"must be torch\.float32"):
+        net(torch.zeros(2, dtype=torch.float16))
