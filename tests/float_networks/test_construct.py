@@ -66,7 +66,7 @@ def test_property_random_domains(activation, dtype, ticks, seed):
     vals, grads = _targets(len(pts), dtype, seed)
     net = construct(pts, vals, grads, activation=activation, dtype=dtype)
     r = verify(net, pts, vals, grads)
-    assert r.exact_value_frac == 1.0 and r.exact_grad_frac == 1.0 and r.nan == 0
+    assert r.exact_value_frac == 1.0 and r.exact_grad_frac == 1.0 and r.nonfinite == 0
 
 
 def test_two_dimensional_grid():

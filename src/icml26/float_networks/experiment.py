@@ -109,7 +109,7 @@ def _record(into: dict[str, list[float]], fmt: str, r: VerificationResult) -> No
     into.setdefault("unreachable", []).append(1 - r.reachable_frac)
     into.setdefault("ulp_value", []).append(r.max_ulp_value)
     into.setdefault("ulp_grad", []).append(r.max_ulp_grad)
-    into.setdefault("nan", []).append(float(r.nan))
+    into.setdefault("nonfinite", []).append(float(r.nonfinite))
     into.setdefault(f"grad_{fmt}", []).append(r.exact_grad_frac)
 
 
@@ -119,7 +119,7 @@ def _summary(rec: dict[str, list[float]], phi_rec: dict[str, list[float]] | None
            "worst_exact_reachable_grad_frac": min(rec["reach_grad"]),
            "unreachable_frac": float(np.mean(rec["unreachable"])),
            "max_ulp_value": max(rec["ulp_value"]), "max_ulp_reachable_grad": max(rec["ulp_grad"]),
-           "nan": float(np.sum(rec["nan"]))}
+           "nonfinite": float(np.sum(rec["nonfinite"]))}
     out.update({k: float(np.mean(v)) for k, v in rec.items() if k.startswith("grad_")})
     if phi_rec:
         out["phi_exact_reachable_grad_frac"] = min(phi_rec["reach_grad"])
@@ -172,7 +172,8 @@ def run(cfg: Config) -> SeedRun:
     notes = {"tanh_exact": "targets near Omega/8 make tanh/sigmoid gadgets overflow in the backward pass (the gate "
                            "weight M multiplies the slope) and are reported unreachable; see "
                            "worst_exact_reachable_grad_frac",
-             "sigmoid_exact": "as for tanh, plus subnormal slopes: sigmoid's A'(0) = 1/4 rounds them"}
+             "sigmoid_exact": "as for tanh, plus subnormal slopes: sigmoid's A'(0) = 1/4 rounds them",
+             "gelu_exact": "bfloat16 GELU's backward kernel flushes subnormal slopes to zero (reported unreachable)"}
     return SeedRun(metrics, series={"per_format": curves}, notes=notes)
 
 

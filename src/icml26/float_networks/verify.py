@@ -49,7 +49,7 @@ class VerificationResult:
         value_ulps: ``(n,)`` ulp distances.
         grad_ulps: ``(n, d)`` ulp distances.
         unreachable: ``(n, d)`` bool: targets the construction reported as unreachable.
-        nan: NaN values or gradients seen.
+        nonfinite: NaN or infinite values and gradients seen (their ulp distance is left out of the maxima).
     """
 
     exact_value: torch.Tensor
@@ -57,7 +57,7 @@ class VerificationResult:
     value_ulps: torch.Tensor
     grad_ulps: torch.Tensor
     unreachable: torch.Tensor
-    nan: int
+    nonfinite: int
 
     @property
     def exact_value_frac(self) -> float:
@@ -80,16 +80,21 @@ class VerificationResult:
 
     @property
     def max_ulp_value(self) -> float:
-        return float(self.value_ulps.max())
+        """Largest ulp distance among finite values."""
+        finite = self.value_ulps[torch.isfinite(self.value_ulps)]
+        return float(finite.max()) if len(finite) else 0.0
 
     @property
     def max_ulp_grad(self) -> float:
-        return float(self.grad_ulps[~self.unreachable].max()) if (~self.unreachable).any() else 0.0
+        """Largest ulp distance among finite gradients of reachable targets."""
+        d = self.grad_ulps[~self.unreachable]
+        d = d[torch.isfinite(d)]
+        return float(d.max()) if len(d) else 0.0
 
     def summary(self) -> str:
         return (f"values exact {self.exact_value_frac:.4f} (max {self.max_ulp_value:g} ulp), gradients exact "
                 f"{self.exact_grad_frac:.4f}, reachable ones {self.exact_reachable_grad_frac:.4f} (max "
-                f"{self.max_ulp_grad:g} ulp), unreachable {int(self.unreachable.sum())}, NaN {self.nan}")
+                f"{self.max_ulp_grad:g} ulp), unreachable {int(self.unreachable.sum())}, non-finite {self.nonfinite}")
 
 
 def verify(model: nn.Module, points: torch.Tensor, values: torch.Tensor, grads: torch.Tensor | None = None, *,
@@ -130,5 +135,5 @@ def verify(model: nn.Module, points: torch.Tensor, values: torch.Tensor, grads: 
     unreachable = torch.zeros_like(exact_grad)
     for u in getattr(model, "unreachable", []):
         unreachable[u.point, u.coordinate] = True
-    nan = int(torch.isnan(out).sum() + torch.isnan(grad).sum())
-    return VerificationResult(exact_value, exact_grad, value_ulps, grad_ulps, unreachable, nan)
+    nonfinite = int((~torch.isfinite(out)).sum() + (~torch.isfinite(grad)).sum())
+    return VerificationResult(exact_value, exact_grad, value_ulps, grad_ulps, unreachable, nonfinite)
