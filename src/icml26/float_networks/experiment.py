@@ -15,7 +15,7 @@ construction, never altered.
 real-arithmetic ReLU interpolant (slope s_p on a small interval around each point, straight pieces between),
 weights computed in float64 and run in the format; ``sobolev``: a tanh MLP (2 x 64) trained on values and
 gradients, run in the format. Metrics: exact fractions (worst and best format), ulp distances, unreachable and
-NaN counts, build time.
+non-finite counts (the ulp maxima are over finite outputs; ``finite_frac`` says how many there were), build time.
 
 Example:
     >>> import dataclasses
@@ -110,6 +110,7 @@ def _record(into: dict[str, list[float]], fmt: str, r: VerificationResult) -> No
     into.setdefault("ulp_value", []).append(r.max_ulp_value)
     into.setdefault("ulp_grad", []).append(r.max_ulp_grad)
     into.setdefault("nonfinite", []).append(float(r.nonfinite))
+    into.setdefault("finite", []).append(1 - r.nonfinite / (r.exact_value.numel() + r.exact_grad.numel()))
     into.setdefault(f"grad_{fmt}", []).append(r.exact_grad_frac)
 
 
@@ -119,7 +120,7 @@ def _summary(rec: dict[str, list[float]], phi_rec: dict[str, list[float]] | None
            "worst_exact_reachable_grad_frac": min(rec["reach_grad"]),
            "unreachable_frac": float(np.mean(rec["unreachable"])),
            "max_ulp_value": max(rec["ulp_value"]), "max_ulp_reachable_grad": max(rec["ulp_grad"]),
-           "nonfinite": float(np.sum(rec["nonfinite"]))}
+           "nonfinite": float(np.sum(rec["nonfinite"])), "finite_frac": float(np.mean(rec["finite"]))}
     out.update({k: float(np.mean(v)) for k, v in rec.items() if k.startswith("grad_")})
     if phi_rec:
         out["phi_exact_reachable_grad_frac"] = min(phi_rec["reach_grad"])
