@@ -1,10 +1,33 @@
-"""Tree-size gaps of score-based branch-and-cut policies.
+"""Branch-and-cut tree sizes: an exact B&B with pluggable branching and cut selection, and gap families.
 
-Paper: "Theoretical Challenges in Learning for Branch-and-Cut", ICML 2026. https://arxiv.org/abs/2601.23249
+Paper: "Theoretical Challenges in Learning for Branch-and-Cut", Hongyu Cheng, Amitabh Basu, ICML 2026.
+https://arxiv.org/abs/2601.23249
 
-Score-based branch-and-cut policies trained on local signals (strong branching, LP-bound improvement) can be
-exponentially far from optimal trees: tie-breaking alone, tiny score or right-hand-side perturbations, or
-choosing cuts by bound improvement can blow up the tree from a constant to exponentially many nodes.
-
-Status: planned — not implemented yet (issue #12). ``icml26 info branch_and_cut`` shows the card and its claims.
+Needs the ``opt`` extra (HiGHS via highspy; SCIP via pyscipopt for the optional cross-check).
 """
+
+from .bnb import MinTreeOracle, Node, TreeStats, closed_form_jeroslow_sb, min_tree_size, pick, solve_bnb
+from .cuts import LPBoundImprovement, Proxy, efficacy, fractional_support, objective_orthogonality
+from .families import (
+    cut_selection_family,
+    jeroslow_gadget,
+    rhs_perturbed_cut,
+    sb_suboptimal_family,
+    tie_breaking_family,
+)
+from .milp import MILP, Cut, LPOracle, LPResult
+from .policies import (
+    LearnedPolicy,
+    MostFractional,
+    PerturbedPolicy,
+    RecordingPolicy,
+    StrongBranching,
+    TreeSizeAware,
+    candidate_features,
+)
+
+__all__ = ["MILP", "Cut", "LPBoundImprovement", "LPOracle", "LPResult", "LearnedPolicy", "MinTreeOracle",
+           "MostFractional", "Node", "PerturbedPolicy", "Proxy", "RecordingPolicy", "StrongBranching", "TreeSizeAware",
+           "TreeStats", "candidate_features", "closed_form_jeroslow_sb", "cut_selection_family", "efficacy",
+           "fractional_support", "jeroslow_gadget", "min_tree_size", "objective_orthogonality", "pick", "rhs_perturbed_cut",
+           "sb_suboptimal_family", "solve_bnb", "tie_breaking_family"]

@@ -1,0 +1,226 @@
+"""Reproduction: tree sizes of local-score branch-and-cut policies against the alternatives, as n grows.
+
+Families (``families.py``; this project's constructions) and arms, all on the same instances:
+
+- **A, tie-breaking**: strong branching (SB) with ties broken x-first (``sb_xfirst``), z-first (``sb_zfirst``),
+  at random (``sb_random``, seeded); the exact minimum tree (``min_tree_a``).
+- **B, SB suboptimal**: SB (``sb_b``), SB with fixing on an infeasible child (``sb_fixing_b``), the minimum tree
+  (``min_tree_b``); a **learned** imitation of SB (sklearn gradient boosting on candidate features, trained on SB
+  nodes at n = 5, 7; its score R^2 and top-1 agreement with SB measured on SB nodes at the largest n) and the
+  **tree-size-aware** policy (the exact oracle's smallest subtrees).
+- **C, score perturbation** (on A's tied scores, eps^2 = 1e-12): SB with z-first ties (``exact_scores``) against
+  the same scores plus 1e-15 on the x variables (``perturbed_scores``), and plus 1e-15 U(-1, 1) noise
+  (``random_scores``, seeded).
+- **D, RHS perturbation**: the root cut sum x <= (n-1)/2 + eps with eps = 0 (``exact_rhs``) and eps = 1e-3
+  (``perturbed_rhs``): SB tree and minimum tree, the optimum supplied as cutoff.
+- **E, cut selection**: three root cuts chosen by LP-bound improvement (``lp_bound_cuts``) or by objective
+  orthogonality (``proxy_cuts``), then SB with fixing.
+- **SCIP cross-check**: family A in SCIP (presolve, cuts, heuristics, propagation, conflicts off) branching by the
+  same tie rules (``scip_xfirst``, ``scip_zfirst``).
+
+Instances and SB are deterministic (computed once per process); seeds drive the random tie-breaking, the random
+perturbation and the learned model. Metrics: ``tree_size`` at the largest n, ``tree_size_n<k>`` per n, ``growth``
+(geometric mean of the size ratio per +2 variables), ``lp_solves``; the minimum trees up to ``oracle_max_n``, and
+``size_at_oracle_n`` (every arm's size at the largest n the oracle reaches, for comparisons with it).
+
+Example:
+    >>> import dataclasses
+    >>> from icml26.branch_and_cut.experiment import PRESETS, run
+    >>> run(dataclasses.replace(PRESETS["smoke"], ns=(3, 5))).metrics["sb_xfirst"]["tree_size"]
+    39.0
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..common.plotting import new_figure, save_figure
+from ..common.progress import progress
+from ..common.results import SeedRun
+from .bnb import min_tree_size, solve_bnb
+from .cuts import LPBoundImprovement, Proxy, objective_orthogonality
+from .families import cut_selection_family, rhs_perturbed_cut, sb_suboptimal_family, tie_breaking_family
+from .policies import LearnedPolicy, PerturbedPolicy, RecordingPolicy, StrongBranching, TreeSizeAware
+
+
+@dataclass
+class Config:
+    """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
+
+    seed: int = 0
+    """seed of the random tie-breaking, the random perturbation and the learned model"""
+    ns: tuple[int, ...] = (5, 7, 9)
+    """sizes of the x block (odd)"""
+    oracle_max_n: int = 9
+    """largest n for the exponential minimum-tree oracle and the tree-size-aware policy"""
+    rhs_eps: float = 1e-3
+    """family D's right-hand-side perturbation"""
+    delta: float = 1e-15
+    """family C's score perturbation (the tied SB scores are eps^2 = 1e-12)"""
+    train_ns: tuple[int, ...] = (5, 7)
+    """sizes whose SB nodes train the learned policy"""
+
+
+PRESETS: dict[str, Config] = {
+    "smoke": Config(ns=(3, 5), oracle_max_n=5, train_ns=(3,)),
+    "quick": Config(),
+    "full": Config(ns=(5, 7, 9, 11, 13), oracle_max_n=11),
+}
+
+
+@functools.cache
+def _deterministic(arm: str, n: int, rhs_eps: float, delta: float) -> tuple[int, int]:
+    """(tree size, LP solves) of a seed-free arm (cached: instances and SB are deterministic)."""
+    sb = StrongBranching()
+    if arm == "sb_xfirst":
+        s = solve_bnb(tie_breaking_family(n), sb)
+    elif arm == "sb_zfirst":
+        s = solve_bnb(tie_breaking_family(n), StrongBranching(tie_break="reverse"))
+    elif arm == "sb_b":
+        s = solve_bnb(sb_suboptimal_family(n), sb)
+    elif arm == "sb_fixing_b":
+        s = solve_bnb(sb_suboptimal_family(n), sb, sb_fixing=True)
+    elif arm == "exact_scores":
+        s = solve_bnb(tie_breaking_family(n), StrongBranching(tie_break="reverse"))
+    elif arm == "perturbed_scores":
+        milp = tie_breaking_family(n)
+        bonus = np.array([1.0 if name.startswith("x") else 0.0 for name in milp.names])
+        s = solve_bnb(milp, PerturbedPolicy(StrongBranching(tie_break="reverse"), delta, bonus=bonus))
+    elif arm in ("exact_rhs", "perturbed_rhs"):
+        milp, cutoff = rhs_perturbed_cut(n, 0.0 if arm == "exact_rhs" else rhs_eps)
+        s = solve_bnb(milp, sb, cutoff=cutoff)
+    elif arm in ("lp_bound_cuts", "proxy_cuts"):
+        milp, cands = cut_selection_family(n)
+        selector = LPBoundImprovement(k=3) if arm == "lp_bound_cuts" else Proxy(objective_orthogonality, k=3)
+        s = solve_bnb(milp.add_cuts(selector.select(milp, cands)), sb, sb_fixing=True)
+    else:
+        raise KeyError(arm)
+    if s.status == "node_limit":
+        raise RuntimeError(f"{arm} at n={n} hit the node limit")
+    return s.nodes, s.lp_solves
+
+
+@functools.cache
+def _scip(n: int, tie_break: str) -> int:
+    from .scip import scip_tree_size
+
+    return scip_tree_size(tie_breaking_family(n), tie_break=tie_break)
+
+
+@functools.cache
+def _min_tree(family: str, n: int, rhs_eps: float) -> int:
+    if family == "a":
+        return min_tree_size(tie_breaking_family(n))
+    if family == "b":
+        return min_tree_size(sb_suboptimal_family(n))
+    milp, cutoff = rhs_perturbed_cut(n, 0.0 if family == "d0" else rhs_eps)
+    return min_tree_size(milp, cutoff=cutoff)
+
+
+def _series(sizes: dict[int, float]) -> dict[str, float]:
+    ns = sorted(sizes)
+    out = {"tree_size": float(sizes[ns[-1]])}
+    out.update({f"tree_size_n{n}": float(sizes[n]) for n in ns})
+    ratios = [sizes[b] / sizes[a] for a, b in itertools.pairwise(ns) if sizes[a] > 0]
+    out["growth"] = float(math.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+    return out
+
+
+def _learned(cfg: Config) -> tuple[Any, dict[str, float]]:
+    """Fit the imitation of SB's log-scores; its R^2 and top-1 agreement on SB nodes at the largest n."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.metrics import r2_score
+
+    def record(n: int) -> RecordingPolicy:
+        milp = sb_suboptimal_family(n)
+        rec = RecordingPolicy(StrongBranching(), milp)
+        solve_bnb(milp, rec)
+        return rec
+
+    train = [record(n) for n in cfg.train_ns]
+    x = np.vstack([f for r in train for f in r.features])
+    y = np.log10(np.concatenate([t for r in train for t in r.targets]))
+    model = HistGradientBoostingRegressor(max_iter=200, random_state=cfg.seed).fit(x, y)
+    test = record(max(cfg.ns))
+    pred = [model.predict(f) for f in test.features]
+    truth = [np.log10(t) for t in test.targets]
+    top1 = np.mean([int(np.argmax(p)) == int(np.argmax(t)) for p, t in zip(pred, truth, strict=True)])
+    r2 = r2_score(np.concatenate(truth), np.concatenate(pred))
+    return model, {"score_r2": float(r2), "top1_agreement": float(top1)}
+
+
+def run(cfg: Config) -> SeedRun:
+    """One seed: every arm on every n."""
+    if not cfg.ns or any(n < 1 or n % 2 == 0 for n in cfg.ns):
+        raise ValueError(f"ns must be odd positive sizes, got {cfg.ns}")
+    rng = np.random.default_rng([cfg.seed, 6])
+    sizes: dict[str, dict[int, float]] = {}
+    solves: dict[str, float] = {}
+    deterministic = ("sb_xfirst", "sb_zfirst", "sb_b", "sb_fixing_b", "exact_scores", "perturbed_scores",
+                     "exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")
+    for arm in progress(deterministic, desc=f"branch_and_cut seed {cfg.seed}"):
+        for n in cfg.ns:
+            nodes, lps = _deterministic(arm, n, cfg.rhs_eps, cfg.delta)
+            sizes.setdefault(arm, {})[n] = nodes
+            solves[arm] = lps
+    for n in cfg.ns:
+        sizes.setdefault("sb_random", {})[n] = solve_bnb(tie_breaking_family(n), StrongBranching(
+            tie_break=np.random.default_rng(rng.integers(2**32)))).nodes
+        sizes.setdefault("random_scores", {})[n] = solve_bnb(tie_breaking_family(n), PerturbedPolicy(
+            StrongBranching(tie_break="reverse"), cfg.delta, seed=int(rng.integers(2**32)))).nodes
+    for n in cfg.ns:                     # the independent solver: SCIP replays family A's tie rules
+        sizes.setdefault("scip_xfirst", {})[n] = _scip(n, "index")
+        sizes.setdefault("scip_zfirst", {})[n] = _scip(n, "reverse")
+    model, accuracy = _learned(cfg)
+    for n in cfg.ns:
+        milp = sb_suboptimal_family(n)
+        sizes.setdefault("learned", {})[n] = solve_bnb(milp, LearnedPolicy(model).bind(milp)).nodes
+    oracle_ns = [n for n in cfg.ns if n <= cfg.oracle_max_n]
+    for n in oracle_ns:
+        milp = sb_suboptimal_family(n)
+        sizes.setdefault("tree_aware", {})[n] = solve_bnb(milp, TreeSizeAware(milp, max_n=n + 3)).nodes
+        sizes.setdefault("min_tree_a", {})[n] = _min_tree("a", n, cfg.rhs_eps)
+        sizes.setdefault("min_tree_b", {})[n] = _min_tree("b", n, cfg.rhs_eps)
+    metrics: dict[str, dict[str, float]] = {arm: _series(s) for arm, s in sizes.items()}
+    for arm, s in sizes.items():        # the size where the exact oracle still runs: comparable across arms
+        metrics[arm]["size_at_oracle_n"] = float(s[max(oracle_ns)])
+    for arm, lps in solves.items():
+        metrics[arm]["lp_solves"] = float(lps)
+    metrics["learned"].update(accuracy)
+    for arm, fam in (("exact_rhs", "d0"), ("perturbed_rhs", "d1")):
+        trees = {n: float(_min_tree(fam, n, cfg.rhs_eps)) for n in oracle_ns}
+        metrics[arm]["min_tree_size"] = trees[max(oracle_ns)]
+        metrics[arm].update({f"min_tree_size_n{n}": v for n, v in trees.items()})
+    notes = {}
+    if max(oracle_ns) < max(cfg.ns):
+        text = (f"compared at n = {max(oracle_ns)}, the largest size the exponential minimum-tree oracle reaches; "
+                f"the SB arms run to n = {max(cfg.ns)}")
+        notes = {"learned_policy": text, "sb_suboptimal": text, "rhs_perturbation": text}
+    return SeedRun(metrics, series={"sizes": sizes}, notes=notes)
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Tree size against n (log scale), per arm, first seed."""
+    fig, axes = new_figure(1, 2, figsize=(10, 3.8))
+    sizes = runs[0].series["sizes"]
+    groups = (("A/B/C: branching", ("sb_xfirst", "sb_zfirst", "sb_random", "sb_b", "sb_fixing_b", "learned",
+                                    "tree_aware", "min_tree_b", "perturbed_scores", "random_scores")),
+              ("D/E: cuts", ("exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")))
+    for ax, (title, arms) in zip(axes, groups, strict=True):
+        for arm in arms:
+            if arm in sizes:
+                ns = sorted(sizes[arm])
+                ax.plot(ns, [sizes[arm][n] for n in ns], marker="o", label=arm)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (size of the x block)")
+        ax.set_ylabel("B&B nodes")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=6)
+    return [save_figure(fig, out_dir / f"{result['mode']}_tree_sizes.png")]
