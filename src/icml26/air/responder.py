@@ -1,0 +1,550 @@
+"""The AIR runtime: hooks in the agent loop that detect, contain, recover, verify and eradicate incidents.
+
+An adapter (a scripted loop, LangChain middleware, an MCP proxy, ...) calls, per agent step::
+
+    d = responder.before_step()                      # state-level rules (effects of earlier steps)
+    d = responder.before_action(call)                # prevention rules (developer + eradicated)
+    result = run_tool(call)                          # unless d blocks it
+    d = responder.after_action(call, result)         # detection on call, result, state diff and context
+    ...
+    responder.finish()                               # end-of-episode rules; eradication
+
+and acts on the returned :class:`Decision` (``allow``, ``block``, ``stop``, ``ask_user``, ``guide``,
+``reflect``). The responder reads only what the adapter gives it: the calls, their results, the state view of a
+:class:`StateProvider` and the user's task. Nothing else, in particular no scenario metadata.
+
+Recovery has two modes: ``direct`` runs the rule's recovery calls through the agent's own tools (the ``executor``)
+and checks ``verify`` on the new state, up to ``max_recovery_attempts``; ``guided`` returns the calls and guidance
+in a ``guide`` decision for the agent to carry out and checks ``verify`` at the following hooks. Calls made by AIR
+carry ``origin="air"`` and never trigger the rule that issued them. Eradication asks a synthesizer for a
+prevention rule and keeps it only if the validator accepts it (``synth.py``).
+
+Example:
+    >>> from icml26.air.dsl import parse
+    >>> state = {"files": {"a.txt": "hi"}, "trash": {}}
+    >>> def run(call):
+    ...     if call.name == "rm":
+    ...         state["trash"][call.args["path"]] = state["files"].pop(call.args["path"])
+    ...     if call.name == "restore":
+    ...         state["files"][call.args["path"]] = state["trash"].pop(call.args["path"])
+    ...     return "ok"
+    >>> rules = parse('''rule r on after_action(rm) detect : not (call.args.path in ctx.user_task)
+    ...   contain - block recover - restore(path=call.args.path) verify call.args.path in state.files end''')
+    >>> air = IncidentResponder(rules, DictState(lambda: state), executor=run, recovery_mode="direct")
+    >>> air.begin("summarise the notes")
+    >>> call = ToolCall("rm", {"path": "a.txt"})
+    >>> air.before_action(call).kind
+    'allow'
+    >>> _ = run(call)
+    >>> air.after_action(call, "ok").kind, air.incidents[0].remediated, "a.txt" in state["files"]
+    ('block', True, True)
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .dsl import Action, Evaluator, Rule, RuleSet, mentions_root, resolve
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call: ``name``, ``args`` and who made it (``"agent"`` or ``"air"``)."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    origin: str = "agent"
+    issued_by: str = ""          # the rule that issued an AIR call
+
+    def view(self) -> dict[str, Any]:
+        return {"name": self.name, "args": dict(self.args), "origin": self.origin}
+
+
+@dataclass
+class Decision:
+    """What the adapter should do. ``kind``: allow, block, stop, ask_user, guide or reflect."""
+
+    kind: str = "allow"
+    message: str = ""
+    messages: list[str] = field(default_factory=list)
+    recovery_calls: list[ToolCall] = field(default_factory=list)
+    incidents: list[int] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind in ("allow", "guide", "reflect")
+
+
+_RANK = {"allow": 0, "reflect": 1, "guide": 2, "ask_user": 3, "block": 4, "stop": 5}
+
+
+def _merge(a: Decision, b: Decision) -> Decision:
+    top = a if _RANK[a.kind] >= _RANK[b.kind] else b
+    return Decision(top.kind, top.message or a.message or b.message, [*a.messages, *b.messages],
+                    [*a.recovery_calls, *b.recovery_calls], [*a.incidents, *b.incidents])
+
+
+class StateProvider(Protocol):
+    """The environment's state as AIR sees it."""
+
+    def view(self) -> Mapping[str, Any]: ...
+
+    def snapshot(self) -> Mapping[str, Any]: ...
+
+
+class DictState:
+    """A state provider over a function returning a JSON-like mapping; snapshots are deep copies."""
+
+    def __init__(self, getter: Callable[[], Mapping[str, Any]]):
+        self.getter = getter
+
+    def view(self) -> Mapping[str, Any]:
+        return self.getter()
+
+    def snapshot(self) -> Mapping[str, Any]:
+        return copy.deepcopy(self.getter())
+
+
+def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
+    """Changes between two JSON-like values: ``[{"path", "before", "after"}]`` (missing = None)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        out = []
+        for k in sorted(set(before) | set(after), key=str):
+            out += diff(before.get(k), after.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if before == after else [{"path": path, "before": before, "after": after}]
+
+
+_TAINT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}\b")
+
+
+def tainted_strings(value: Any) -> set[str]:
+    """Strings in a tool output an agent might act on: addresses, URLs, paths, file names, and short values."""
+    out: set[str] = set()
+    if isinstance(value, str):
+        out.update(m.rstrip(".,;:)") for m in _TAINT.findall(value))
+        if len(value) <= 120:
+            out.add(value)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            out |= tainted_strings(v)
+            if isinstance(k, str) and len(k) <= 120:
+                out.add(k)
+    elif isinstance(value, list | tuple | set):
+        for v in value:
+            out |= tainted_strings(v)
+    return out
+
+
+def mentioned(task: str) -> dict[str, list[str]]:
+    """Addresses, paths and quoted names the user's task mentions."""
+    return {"user_mentioned_addresses": re.findall(r"[\w.+-]+@[\w-]+\.[\w.-]+", task),
+            "user_mentioned_paths": re.findall(r"(?:/|~/)[\w./-]+|\b[\w-]+\.[a-z0-9]{1,4}\b", task)}
+
+
+@dataclass
+class Incident:
+    """One detected incident and its lifecycle."""
+
+    id: int
+    rule: str
+    severity: str
+    phase: str
+    step: int
+    call: dict[str, Any] | None
+    evidence: dict[str, Any]
+    detected_at: float
+    contained: list[str] = field(default_factory=list)
+    recovery_attempts: int = 0
+    remediated: bool | None = None
+    eradicated: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    bindings: dict[str, Any] = field(default_factory=dict, repr=False)
+    pre_bindings: dict[str, Any] | None = field(default=None, repr=False)
+
+    def log(self, stage: str, **data: Any) -> None:
+        self.events.append({"stage": stage, "t": time.time(), **data})
+
+    def record(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("bindings")
+        d.pop("pre_bindings")
+        return d
+
+
+@dataclass
+class TraceStep:
+    """What a prevention rule sees before an action: the call, the state before it and the context."""
+
+    call: dict[str, Any]
+    state: Any
+    ctx: dict[str, Any]
+
+
+class IncidentResponder:
+    """Runs AIR rules in an agent loop.
+
+    Args:
+        rules: developer rules (any phases); eradicated rules are added to ``rule_store``.
+        state: the state provider.
+        executor: runs a :class:`ToolCall` on the agent's tools (``direct`` recovery); may be set per episode.
+        semantic: backend for ``semantic(question, args...)`` checks: ``(question, args, env) -> bool``.
+        synthesizer: eradication's rule writer (default: none, so no eradication).
+        validator: eradication's gate (needed with a synthesizer).
+        context_k: recent steps kept in ``ctx.steps``.
+        max_recovery_attempts: recovery tries before giving up.
+        recovery_mode: ``"direct"`` or ``"guided"``.
+        use_state: let rules read ``state``/``snap`` (ablation: False makes them see an empty state).
+        use_context: let rules read ``ctx`` beyond the current call (ablation: False).
+        log_path: append every incident as JSON lines here.
+        rule_store: a shared list of eradicated rules (shared across episodes by passing the same list).
+    """
+
+    def __init__(self, rules: RuleSet | Sequence[Rule], state: StateProvider, *,
+                 executor: Callable[[ToolCall], Any] | None = None,
+                 semantic: Callable[[str, list[Any], Mapping[str, Any]], bool] | None = None,
+                 synthesizer: Any = None, validator: Any = None, context_k: int = 5, max_recovery_attempts: int = 3,
+                 recovery_mode: str = "direct", use_state: bool = True, use_context: bool = True,
+                 log_path: str | os.PathLike[str] | None = None, rule_store: list[Rule] | None = None):
+        if recovery_mode not in ("direct", "guided"):
+            raise ValueError(f"recovery_mode must be 'direct' or 'guided', got {recovery_mode!r}")
+        if context_k < 1 or max_recovery_attempts < 1:
+            raise ValueError("context_k and max_recovery_attempts must be >= 1")
+        if synthesizer is not None and validator is None:
+            raise ValueError("a synthesizer needs a validator: eradicated rules are only kept when validated")
+        self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules)
+        self.state, self.executor, self.synthesizer, self.validator = state, executor, synthesizer, validator
+        self.context_k, self.max_attempts, self.mode = context_k, max_recovery_attempts, recovery_mode
+        self.use_state, self.use_context = use_state, use_context
+        self.evaluator = Evaluator(self.rules.macros, semantic)
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.rule_store: list[Rule] = rule_store if rule_store is not None else []
+        self.incidents: list[Incident] = []
+        self.timings: list[float] = []
+        self.semantic_failures: list[str] = []
+        self.begin("")
+
+    # ------------------------------------------------------------------------------------------ episode
+    def begin(self, user_task: str, *, executor: Callable[[ToolCall], Any] | None = None) -> None:
+        """Start an episode for ``user_task`` (resets the context, taint set and quarantine)."""
+        if not isinstance(user_task, str):
+            raise TypeError("user_task must be a string")
+        if executor is not None:
+            self.executor = executor
+        self.user_task = user_task
+        self.step = 0
+        self.window: deque[dict[str, Any]] = deque(maxlen=self.context_k)
+        self.taint: set[str] = set()
+        self.quarantined: set[str] = set()
+        self.blocked_calls: set[str] = set()      # calls that caused an incident: their repeats are blocked
+        self.pending: list[Incident] = []          # guided recoveries awaiting verification
+        self.episode_incidents: list[Incident] = []
+        self.trace: list[TraceStep] = []
+        self._pre: Mapping[str, Any] | None = None
+        self._pre_ctx: dict[str, Any] | None = None
+        self._last_state = self.state.snapshot() if user_task else None
+        self.stopped = False
+
+    def ctx(self) -> dict[str, Any]:
+        if not self.use_context:
+            return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "user_mentioned_addresses": [],
+                    "user_mentioned_paths": [], "step": self.step}
+        return {"user_task": self.user_task, "steps": list(self.window), "step": self.step,
+                "strings_from_tool_outputs": sorted(self.taint), **mentioned(self.user_task)}
+
+    def _state(self) -> Any:
+        return self.state.view() if self.use_state else {}
+
+    def _active_rules(self) -> list[Rule]:
+        return [*self.rules, *self.rule_store]
+
+    # --------------------------------------------------------------------------------------------- hooks
+    def before_step(self) -> Decision:
+        """State-level rules on the current state (effects of earlier steps or external dynamics)."""
+        t0 = time.perf_counter()
+        self.step += 1
+        d = self._verify_pending()
+        d = _merge(d, self._run("before_step", None, self._bindings(None, None)))
+        self.timings.append(time.perf_counter() - t0)
+        return d
+
+    def before_action(self, call: ToolCall) -> Decision:
+        """Prevention: quarantined tools and ``before_action`` rules (developer and eradicated)."""
+        t0 = time.perf_counter()
+        self._pre = self.state.snapshot()
+        self._pre_ctx = self.ctx()
+        if call.origin == "agent":
+            self.trace.append(TraceStep(call.view(), copy.deepcopy(self._pre) if self.use_state else {},
+                                        self._pre_ctx))
+        if call.name in self.quarantined and call.origin == "agent":
+            d = Decision("block", f"the tool {call.name} is quarantined after an incident in this episode")
+        elif call.origin == "agent" and _signature(call) in self.blocked_calls:
+            d = Decision("block", "this call caused an incident earlier in the episode; it is blocked")
+        else:
+            d = self._run("before_action", call, self._bindings(call, None))
+        self.timings.append(time.perf_counter() - t0)
+        return d
+
+    def after_action(self, call: ToolCall, result: Any) -> Decision:
+        """Detection on the call, its result, the state change and the context; containment and recovery."""
+        t0 = time.perf_counter()
+        b = self._bindings(call, result)
+        d = self._run("after_action", call, b)
+        now = self.state.snapshot()
+        if self._last_state is not None and diff(self._last_state, now):
+            d = _merge(d, self._run("state_change", call, self._bindings(call, result)))
+        self._last_state = now
+        self.window.append({"tool": call.name, "args": dict(call.args), "origin": call.origin,
+                            "result": result if isinstance(result, str | int | float | bool) or result is None
+                            else json.loads(json.dumps(result, default=str))})
+        if call.origin == "agent" and d.kind != "block":
+            self.taint |= tainted_strings(result)
+        d = _merge(d, self._verify_pending())
+        self.timings.append(time.perf_counter() - t0)
+        return d
+
+    def finish(self) -> list[Incident]:
+        """End-of-episode rules, then eradication for every incident of the episode; returns them."""
+        d = self._run("finish", None, self._bindings(None, None))
+        self._verify_pending(final=True)
+        for inc in self.episode_incidents:
+            if inc.remediated is None and inc.severity != "low":
+                inc.remediated = False
+            self._eradicate(inc)
+            self._write(inc)
+        del d
+        return list(self.episode_incidents)
+
+    # ---------------------------------------------------------------------------------------- internals
+    def _bindings(self, call: ToolCall | None, result: Any) -> dict[str, Any]:
+        return {"call": call.view() if call is not None else None, "result": result, "state": self._state(),
+                "snap": {"pre_step": (self._pre if self._pre is not None else {}) if self.use_state else {}},
+                "ctx": self.ctx()}
+
+    def _fires(self, rule: Rule, env: Mapping[str, Any]) -> bool:
+        ev = self.evaluator
+        if rule.when is not None and not ev(rule.when, env):
+            return False
+        # deterministic checks first; semantic(...) (the only LLM-backed check) last
+        plain = [c for c in rule.detect if not _has_semantic(c)]
+        semantic = [c for c in rule.detect if _has_semantic(c)]
+        if not all(ev(c, env) for c in plain):
+            return False
+        try:
+            return all(ev(c, env) for c in semantic)
+        except Exception as exc:           # an LLM timeout or garbage: fail closed (the rule fires), logged
+            self.semantic_failures.append(f"{rule.name}: {type(exc).__name__}: {exc}")
+            return True
+
+    def _run(self, phase: str, call: ToolCall | None, env: dict[str, Any]) -> Decision:
+        if self.stopped and phase != "finish":          # end-of-episode checks still run after a stop
+            return Decision("stop", "the episode was stopped by an incident")
+        out = Decision()
+        tool = call.name if call is not None else None
+        for rule in sorted(self._active_rules(), key=lambda r: -r.priority):
+            if not rule.fires_on(phase, tool):
+                continue
+            if call is not None and call.origin == "air" and call.issued_by == rule.name:
+                continue                                         # recovery never re-triggers its own rule
+            if any(i.rule == rule.name and i.remediated is None for i in self.pending):
+                continue                                         # already being handled
+            if not self._fires(rule, env):
+                continue
+            out = _merge(out, self._incident(rule, phase, call, env))
+        return out
+
+    def _incident(self, rule: Rule, phase: str, call: ToolCall | None, env: dict[str, Any]) -> Decision:
+        inc = Incident(next(_ids), rule.name, rule.severity, phase, self.step, call.view() if call else None,
+                       {"diff": diff(env["snap"]["pre_step"], env["state"]) if phase != "before_action" else [],
+                        "call": call.view() if call else None}, time.time(),
+                       bindings=copy.deepcopy({k: v for k, v in env.items()}))
+        if phase != "before_action":
+            last = self.trace[-1] if self.trace else None
+            if last is not None:
+                inc.pre_bindings = {"call": last.call, "state": last.state, "ctx": last.ctx, "result": None,
+                                    "snap": {"pre_step": last.state}}
+        inc.log("detect", rule=rule.name, phase=phase)
+        self.incidents.append(inc)
+        self.episode_incidents.append(inc)
+        decision = self._contain(rule, inc, call, phase)
+        if rule.recover:
+            decision = _merge(decision, self._recover(rule, inc))
+        elif phase != "before_action":
+            inc.remediated = None if rule.severity == "low" else inc.remediated
+        if phase == "before_action":
+            inc.remediated = True                               # prevented before any harm
+        if any(a.kind == "stop" for a in rule.contain):
+            self.stopped = True
+            decision = _merge(decision, Decision("stop", f"stopped by rule {rule.name}", incidents=[inc.id]))
+        return decision
+
+    def _contain(self, rule: Rule, inc: Incident, call: ToolCall | None, phase: str) -> Decision:
+        d = Decision(incidents=[inc.id])
+        for a in rule.contain:
+            inc.contained.append(a.kind if a.kind != "guide" else "guide")
+            if a.kind == "block":
+                msg = (f"blocked by AIR rule {rule.name}" if phase == "before_action" else
+                       f"AIR rule {rule.name} flagged this call as an incident; its output is withheld")
+                if call is not None and phase != "before_action":
+                    self.blocked_calls.add(_signature(call))
+                d = _merge(d, Decision("block", msg, incidents=[inc.id]))
+            elif a.kind == "quarantine_tool" and call is not None:
+                self.quarantined.add(call.name)
+            elif a.kind == "guide":
+                d = _merge(d, Decision("guide", messages=[a.text], incidents=[inc.id]))
+            elif a.kind == "ask_user":
+                d = _merge(d, Decision("ask_user", f"AIR rule {rule.name} asks the user to confirm",
+                                       incidents=[inc.id]))
+            elif a.kind == "self_reflect":
+                d = _merge(d, Decision("reflect", messages=[f"Reconsider: AIR rule {rule.name} fired."],
+                                       incidents=[inc.id]))
+            elif a.kind == "skip":
+                d = _merge(d, Decision("block", "skipped", incidents=[inc.id]))
+        inc.log("contain", actions=list(inc.contained))
+        return d
+
+    def _recovery_calls(self, rule: Rule, inc: Incident) -> list[ToolCall]:
+        calls = []
+        for a in rule.recover:
+            if a.kind == "tool":
+                args = {k: resolve(v, inc.bindings) for k, v in a.kwargs}
+                calls.append(ToolCall(a.tool, args, origin="air", issued_by=rule.name))
+        return calls
+
+    def _verified(self, rule: Rule, inc: Incident) -> bool:
+        if rule.verify is None:
+            return True
+        env = {**inc.bindings, "state": self._state(), "incident": inc.evidence}
+        return self.evaluator(rule.verify, env)
+
+    def _recover(self, rule: Rule, inc: Incident) -> Decision:
+        calls = self._recovery_calls(rule, inc)
+        guidance = [a.text for a in rule.recover if a.kind == "guide"]
+        if self.mode == "guided":
+            inc.recovery_attempts += 1
+            inc.log("recover", mode="guided", calls=[c.view() for c in calls])
+            self.pending.append(inc)
+            text = guidance or [f"Undo the incident flagged by {rule.name}: " + "; ".join(
+                f"{c.name}({', '.join(f'{k}={v!r}' for k, v in c.args.items())})" for c in calls)]
+            return Decision("guide", messages=text, recovery_calls=calls, incidents=[inc.id])
+        if self.executor is None:
+            inc.log("recover", error="no executor for direct recovery")
+            inc.remediated = False
+            return Decision(incidents=[inc.id])
+        for attempt in range(self.max_attempts):
+            inc.recovery_attempts = attempt + 1
+            errors = []
+            for c in calls:
+                try:
+                    self.executor(c)
+                    self.window.append({"tool": c.name, "args": dict(c.args), "origin": "air", "result": None})
+                except Exception as exc:       # a failing recovery is logged, never crashes the agent loop
+                    errors.append(f"{c.name}: {type(exc).__name__}: {exc}")
+            ok = self._verified(rule, inc)
+            inc.log("recover", mode="direct", attempt=attempt + 1, verified=ok, errors=errors)
+            if ok:
+                inc.remediated = True
+                break
+        else:
+            inc.remediated = False
+        self._last_state = self.state.snapshot()
+        return Decision(incidents=[inc.id])
+
+    def _verify_pending(self, final: bool = False) -> Decision:
+        d = Decision()
+        still = []
+        for inc in self.pending:
+            rule = next((r for r in self._active_rules() if r.name == inc.rule), None)
+            if rule is not None and self._verified(rule, inc):
+                inc.remediated = True
+                inc.log("verify", ok=True)
+                continue
+            if final or rule is None:
+                inc.remediated = False
+                inc.log("verify", ok=False)
+                continue
+            if inc.recovery_attempts >= self.max_attempts:
+                inc.remediated = False
+                inc.log("verify", ok=False, gave_up=True)
+                continue
+            inc.recovery_attempts += 1
+            calls = self._recovery_calls(rule, inc)
+            d = _merge(d, Decision("guide", messages=[f"The recovery for {rule.name} is not verified yet; "
+                                                      "please carry it out."], recovery_calls=calls,
+                                   incidents=[inc.id]))
+            still.append(inc)
+        self.pending = still
+        return d
+
+    def _eradicate(self, inc: Incident) -> None:
+        rule = next((r for r in self.rules if r.name == inc.rule), None)
+        if rule is None or rule.eradicate is None or self.synthesizer is None or inc.phase == "before_action":
+            return
+        try:
+            candidate = self.synthesizer.synthesize(inc, rule, self.evaluator)
+        except Exception as exc:              # a failing synthesizer (e.g. an LLM timeout) is logged, not raised
+            inc.log("eradicate", error=f"{type(exc).__name__}: {exc}")
+            return
+        if candidate is None:
+            inc.log("eradicate", accepted=False, reason="no candidate")
+            return
+        verdict = self.validator.validate(candidate, inc, self.evaluator)
+        inc.log("eradicate", rule=candidate.name, accepted=verdict.accepted, reason=verdict.reason)
+        if verdict.accepted and all(r.name != candidate.name for r in self.rule_store):
+            self.rule_store.append(candidate)
+            inc.eradicated.append(candidate.name)
+
+    def _write(self, inc: Incident) -> None:
+        if self.log_path is None:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(inc.record(), default=str) + "\n")
+
+    def overhead_ms(self) -> float:
+        """Mean time per hook call, in milliseconds."""
+        return 1000 * sum(self.timings) / max(len(self.timings), 1)
+
+
+def _signature(call: ToolCall) -> str:
+    return json.dumps([call.name, dict(call.args)], sort_keys=True, default=str)
+
+
+def _has_semantic(c: Any) -> bool:
+    from .dsl import Cond, _walk
+
+    return any(isinstance(n, Cond) and n.op == "semantic" for n in _walk(c))
+
+
+def pre_action_safe(c: Any) -> bool:
+    """Whether a condition can be evaluated before an action (reads neither ``result`` nor ``snap``)."""
+    return not mentions_root(c, {"result", "snap", "incident"})
+
+
+def replay(trace: Iterable[TraceStep], rules: Sequence[Rule], evaluator: Evaluator) -> list[tuple[int, str]]:
+    """The (step, rule) pairs where ``before_action`` rules fire on a recorded trace."""
+    out = []
+    for i, step in enumerate(trace):
+        env = {"call": step.call, "state": step.state, "ctx": step.ctx, "result": None,
+               "snap": {"pre_step": step.state}}
+        for r in rules:
+            if r.fires_on("before_action", step.call["name"]) and (r.when is None or evaluator(r.when, env)) and all(
+                    evaluator(c, env) for c in r.detect):
+                out.append((i, r.name))
+    return out
+
+
+__all__ = ["Action", "Decision", "DictState", "Incident", "IncidentResponder", "StateProvider", "ToolCall",
+           "TraceStep", "diff", "mentioned", "pre_action_safe", "replay", "tainted_strings"]
