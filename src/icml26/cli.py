@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     air_sub = p_air.add_subparsers(dest="air_command", required=True, metavar="ACTION")
     p_check = air_sub.add_parser("check", help="parse and validate rule files; report file:line:column: problem")
     p_check.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p_proxy = air_sub.add_parser("proxy", help="an MCP server enforcing AIR rules in front of another MCP server: "
+                                 "icml26 air proxy --rules FILE -- COMMAND ARGS...")
+    p_proxy.add_argument("--rules", type=Path, required=True, help="AIR rule file")
+    p_proxy.add_argument("--task", default="", help="the user's task, for context rules")
+    p_proxy.add_argument("--log", type=Path, default=None, help="append incidents as JSON lines here")
+    p_proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... of the upstream server")
     return parser
 
 
@@ -188,6 +194,20 @@ def _cmd_air(args: argparse.Namespace) -> int:
     except MissingExtraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.air_command == "proxy":
+        command = [c for c in args.upstream if c != "--"] if args.upstream[:1] == ["--"] else args.upstream
+        if not command:
+            print("error: give the upstream server's command after --", file=sys.stderr)
+            return 2
+        if not args.rules.is_file():
+            print(f"error: no such rule file: {args.rules}", file=sys.stderr)
+            return 2
+        try:
+            from .air.integrations import mcp as air_mcp
+        except MissingExtraError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return air_mcp.main(str(args.rules), command, args.task, str(args.log) if args.log else None)
     problems = 0
     for path in args.files:
         if not path.is_file():

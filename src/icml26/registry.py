@@ -34,7 +34,7 @@ KINDS = (
     "pettingzoo-env", "agent-middleware", "logits-processor", "solver", "online-learner", "constructor",
     "intervention", "attack",
 )
-EXTRAS = ("fl", "hf", "agents", "audio", "rl", "opt")
+EXTRAS = ("fl", "hf", "agents", "agents-langchain", "agents-mcp", "agents-dojo", "agents-llm", "audio", "rl", "opt")
 DIRECTIONS = ("higher", "lower")
 
 

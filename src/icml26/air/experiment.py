@@ -23,6 +23,13 @@ after the response and at the end); ``containment_sr`` (detected irreversible in
 ``eradication_sr`` (held-out incidents whose harm never happens); ``fp_rate`` and ``utility`` on benign twins;
 ``steps_to_detect``; ``overhead_ms`` per hook.
 
+**AgentDojo** (``integrations/agentdojo.py``; banking and slack, v1.2.1, the "direct" attack text in every
+injection vector, a scripted agent that follows the injection): arms ``agentdojo_<suite>`` and the pooled
+``agentdojo`` with, over the attacks that succeed without AIR (AgentDojo's ``security()``), ``detected_sr``,
+``contained_sr`` (no injected harmful call ran after the detection), ``attack_goal_reached_with_air``,
+``recovered_sr`` (reversible injections whose goal is undone), ``blocked_after_eradication`` (held-out user tasks,
+fresh episodes, eradicated rules only) and utility with and without AIR.
+
 Example:
     >>> import dataclasses
     >>> from icml26.air.experiment import PRESETS, run
@@ -34,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,10 +83,12 @@ class Config:
     """eradication: largest benign-trace firing rate accepted"""
     families: int = 8
     """families per agent type (smoke uses fewer)"""
+    agentdojo_suites: tuple[str, ...] = ("banking", "slack")
+    """AgentDojo suites evaluated with the scripted compromised agent (extra ``agents-dojo``; empty: none)"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(families=3),
+    "smoke": Config(families=3, agentdojo_suites=()),
     "quick": Config(),
     "full": Config(),
 }
@@ -359,7 +369,23 @@ def run(cfg: Config) -> SeedRun:
                     metrics[arm][f"{key}_{t}"] = per_type[f"{arm}/{t}"][key]
         if arm.startswith("air") and arm != "air_no_eradicate":
             metrics[arm]["rules_synthesized"] = float(synthesized)
+    if cfg.agentdojo_suites:
+        metrics.update(agentdojo_metrics(tuple(cfg.agentdojo_suites)))
     return SeedRun(metrics, series={"per_type": per_type})
+
+
+@functools.lru_cache(maxsize=4)
+def agentdojo_metrics(suites: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """AgentDojo pairs with and without AIR (deterministic: computed once per process)."""
+    from .integrations.agentdojo import evaluate_suite, summarize
+
+    out, pooled = {}, []
+    for suite in suites:
+        results = evaluate_suite(suite, builtin_rules(f"agentdojo_{suite}"))
+        pooled += results
+        out[f"agentdojo_{suite}"] = summarize(results)
+    out["agentdojo"] = summarize(pooled)
+    return out
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

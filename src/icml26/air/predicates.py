@@ -44,3 +44,16 @@ def flammable_near(objects: Mapping[str, Any], name: str) -> bool:
 def has_id(items: Sequence[Mapping[str, Any]], item_id: str) -> bool:
     """Whether a list of records holds one with ``id == item_id``."""
     return any(isinstance(i, Mapping) and i.get("id") == item_id for i in items)
+
+
+@predicate("contains_any")
+def contains_any(text: Any, strings: Sequence[str]) -> bool:
+    """Whether ``text`` contains any of ``strings`` (those of at least 6 characters)."""
+    t = text if isinstance(text, str) else str(text)
+    return any(isinstance(s, str) and len(s) >= 6 and s in t for s in strings)
+
+
+@predicate("mentions")
+def mentions(task: str, value: Any) -> bool:
+    """Whether the user's task contains ``value`` verbatim."""
+    return isinstance(task, str) and str(value) in task

@@ -127,7 +127,20 @@ def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
     return [] if before == after else [{"path": path, "before": before, "after": after}]
 
 
-_TAINT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}\b")
+_TAINT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
+                    r"|\b[A-Z]{2}\d{12,32}\b")
+# phrasing that addresses the agent from inside data (prompt-injection markers)
+INSTRUCTION = re.compile(r"TODO\s*:|(?i:ignore (all |the |your )?previous|<INFORMATION>|important message from"
+                         r"|\bAI (assistant|model)\b|before you (can )?(solve|continue|finish)|do it silently)")
+
+
+def instruction_strings(value: Any) -> set[str]:
+    """Tainted strings that follow a prompt-injection marker in a tool output (the next 600 characters)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    out: set[str] = set()
+    for m in INSTRUCTION.finditer(text):
+        out |= {t for t in tainted_strings(text[m.start():m.start() + 600]) if len(t) <= 120}
+    return out
 
 
 def tainted_strings(value: Any) -> set[str]:
@@ -247,8 +260,10 @@ class IncidentResponder:
         self.step = 0
         self.window: deque[dict[str, Any]] = deque(maxlen=self.context_k)
         self.taint: set[str] = set()
+        self.instruction_taint: set[str] = set()
         self.quarantined: set[str] = set()
         self.blocked_calls: set[str] = set()      # calls that caused an incident: their repeats are blocked
+        self.episode_rules: list[Rule] = []       # containment: the incident's pre-action checks, this episode
         self.pending: list[Incident] = []          # guided recoveries awaiting verification
         self.episode_incidents: list[Incident] = []
         self.trace: list[TraceStep] = []
@@ -259,16 +274,17 @@ class IncidentResponder:
 
     def ctx(self) -> dict[str, Any]:
         if not self.use_context:
-            return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "user_mentioned_addresses": [],
-                    "user_mentioned_paths": [], "step": self.step}
+            return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
+                    "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step}
         return {"user_task": self.user_task, "steps": list(self.window), "step": self.step,
-                "strings_from_tool_outputs": sorted(self.taint), **mentioned(self.user_task)}
+                "strings_from_tool_outputs": sorted(self.taint), "strings_from_instructions": sorted(
+                    self.instruction_taint), **mentioned(self.user_task)}
 
     def _state(self) -> Any:
         return self.state.view() if self.use_state else {}
 
     def _active_rules(self) -> list[Rule]:
-        return [*self.rules, *self.rule_store]
+        return [*self.rules, *self.rule_store, *self.episode_rules]
 
     # --------------------------------------------------------------------------------------------- hooks
     def before_step(self) -> Decision:
@@ -311,6 +327,7 @@ class IncidentResponder:
                             else json.loads(json.dumps(result, default=str))})
         if call.origin == "agent" and d.kind != "block":
             self.taint |= tainted_strings(result)
+            self.instruction_taint |= instruction_strings(result)
         d = _merge(d, self._verify_pending())
         self.timings.append(time.perf_counter() - t0)
         return d
@@ -399,6 +416,7 @@ class IncidentResponder:
                        f"AIR rule {rule.name} flagged this call as an incident; its output is withheld")
                 if call is not None and phase != "before_action":
                     self.blocked_calls.add(_signature(call))
+                    self._contain_similar(rule, inc)
                 d = _merge(d, Decision("block", msg, incidents=[inc.id]))
             elif a.kind == "quarantine_tool" and call is not None:
                 self.quarantined.add(call.name)
@@ -414,6 +432,15 @@ class IncidentResponder:
                 d = _merge(d, Decision("block", "skipped", incidents=[inc.id]))
         inc.log("contain", actions=list(inc.contained))
         return d
+
+    def _contain_similar(self, rule: Rule, inc: Incident) -> None:
+        """Block, for the rest of the episode, calls that meet the incident rule's pre-action conditions."""
+        from .synth import TemplateSynthesizer
+
+        cand = TemplateSynthesizer(fallback_to_arguments=False).synthesize(inc, rule, self.evaluator)
+        if cand is not None and all(r.name != cand.name for r in self.episode_rules):
+            self.episode_rules.append(Rule(**{**cand.__dict__, "name": f"{rule.name}__contain",
+                                              "provenance": "containment"}))
 
     def _recovery_calls(self, rule: Rule, inc: Incident) -> list[ToolCall]:
         calls = []
@@ -547,4 +574,4 @@ def replay(trace: Iterable[TraceStep], rules: Sequence[Rule], evaluator: Evaluat
 
 
 __all__ = ["Action", "Decision", "DictState", "Incident", "IncidentResponder", "StateProvider", "ToolCall",
-           "TraceStep", "diff", "mentioned", "pre_action_safe", "replay", "tainted_strings"]
+           "TraceStep", "diff", "instruction_strings", "mentioned", "pre_action_safe", "replay", "tainted_strings"]

@@ -42,6 +42,9 @@ class TemplateSynthesizer:
 
     name = "template"
 
+    def __init__(self, *, fallback_to_arguments: bool = True):
+        self.fallback_to_arguments = fallback_to_arguments
+
     def synthesize(self, inc: Incident, rule: Rule, evaluator: Evaluator) -> Rule | None:
         env = _pre_env(inc)
         if env is None or env.get("call") is None:
@@ -51,7 +54,7 @@ class TemplateSynthesizer:
         limit = rule.eradicate.max_predicates if rule.eradicate else 4
         conds = [c for c in (*([rule.when] if rule.when else []), *rule.detect)
                  if pre_action_safe(c) and _holds(evaluator, c, env)]
-        if not conds:
+        if not conds and self.fallback_to_arguments:
             conds = [Cond("compare", (Path_("call", ("args", k)), Lit(v)), "==")
                      for k, v in sorted(call["args"].items()) if isinstance(v, str | int | float | bool)]
         if not conds:

@@ -1,0 +1,118 @@
+"""AIR as LangChain agent middleware (``langchain`` 1.x ``create_agent(..., middleware=[...])``).
+
+Hook mapping:
+
+- ``before_agent``: a new episode; the user's task is the first human message.
+- ``before_model``: ``responder.before_step()``; a stop (or an earlier stop) ends the run with an AI message saying
+  why (``jump_to="end"``).
+- ``wrap_tool_call``: ``before_action`` (a block answers the model with an error ``ToolMessage`` instead of running
+  the tool); the tool runs (an exception becomes an error ``ToolMessage``, also shown to AIR); ``after_action`` (a
+  block replaces the output with AIR's message; guidance is appended to the output for the model to act on; direct
+  recovery runs the agent's own tools).
+- ``after_agent``: ``responder.finish()`` (end-of-episode checks and eradication).
+
+Example:
+    >>> from langchain_core.tools import tool
+    >>> from icml26.air import DictState, IncidentResponder, parse
+    >>> @tool
+    ... def delete(path: str) -> str:
+    ...     '''Delete a file.'''
+    ...     return "deleted"
+    >>> rules = parse('rule r on before_action(delete) detect : call.args.path == "/etc" contain - block end')
+    >>> mw = AIRMiddleware(IncidentResponder(rules, DictState(dict)), tools=[delete])
+    >>> type(mw).__name__
+    'AIRMiddleware'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...common.optional import requires
+from ..responder import IncidentResponder, ToolCall
+
+requires("langchain", extra="agents-langchain", purpose="the AIR LangChain middleware")
+
+from langchain.agents.middleware import AgentMiddleware, hook_config  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
+    return str(content)
+
+
+class AIRMiddleware(AgentMiddleware):
+    """Runs an :class:`~icml26.air.responder.IncidentResponder` inside a LangChain agent.
+
+    Args:
+        responder: the AIR runtime (its ``state`` provider reads the environment the tools act on).
+        tools: the agent's tools, used as the executor of direct recovery calls.
+    """
+
+    def __init__(self, responder: IncidentResponder, tools: Sequence[Any] = ()):
+        super().__init__()
+        if not isinstance(responder, IncidentResponder):
+            raise TypeError("responder must be an IncidentResponder")
+        self.responder = responder
+        self._agent_tools = {t.name: t for t in tools}   # not `tools`: that attribute registers middleware tools
+        self.stop_reason: str | None = None
+        self.log: list[dict[str, Any]] = []
+
+    def _execute(self, call: ToolCall) -> Any:
+        if call.name not in self._agent_tools:
+            raise KeyError(f"recovery tool {call.name!r} is not one of the agent's tools")
+        return self._agent_tools[call.name].invoke(dict(call.args))
+
+    def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        task = next((_text(m.content) for m in state["messages"] if isinstance(m, HumanMessage)), "")
+        self.stop_reason = None
+        self.responder.begin(task, executor=self._execute)
+        return None
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        if self.stop_reason is None:
+            d = self.responder.before_step()
+            if d.kind == "stop":
+                self.stop_reason = d.message or "stopped by AIR"
+        if self.stop_reason is not None:
+            return {"messages": [AIMessage(f"[AIR] The run was stopped: {self.stop_reason}")], "jump_to": "end"}
+        return None
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        tc = request.tool_call
+        call = ToolCall(tc["name"], dict(tc.get("args") or {}))
+        d = self.responder.before_action(call)
+        self.log.append({"tool": call.name, "before": d.kind})
+        if d.kind in ("block", "stop"):
+            if d.kind == "stop":
+                self.stop_reason = d.message or "stopped by AIR"
+            return ToolMessage(f"[AIR] {d.message or 'blocked'}", tool_call_id=tc["id"], name=call.name,
+                               status="error")
+        try:
+            out = handler(request)
+            result = _text(out.content) if isinstance(out, ToolMessage) else str(out)
+        except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
+            out = ToolMessage(f"tool error: {type(exc).__name__}: {exc}", tool_call_id=tc["id"], name=call.name,
+                              status="error")
+            result = out.content
+        d = self.responder.after_action(call, result)
+        self.log[-1]["after"] = d.kind
+        if d.kind == "stop":
+            self.stop_reason = d.message or "stopped by AIR"
+        if d.kind in ("block", "stop"):
+            return ToolMessage(f"[AIR] {d.message}", tool_call_id=tc["id"], name=call.name, status="error")
+        if d.kind == "guide" and isinstance(out, ToolMessage):
+            extra = "\n".join(d.messages)
+            return ToolMessage(f"{_text(out.content)}\n[AIR guidance] {extra}", tool_call_id=tc["id"],
+                               name=call.name, status=out.status)
+        return out
+
+    def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        self.responder.finish()
+        return None
