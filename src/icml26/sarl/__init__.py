@@ -1,10 +1,16 @@
-"""SARL: structure-aligned MARL for aircraft conflict resolution.
+"""SARL: structure-aligned MARL for aircraft conflict resolution (reconstruction from the abstract).
 
-Paper: "SARL: Structure-Aligned Reinforcement Learning for Bridging the Perception-Action Gap in Airspace", ICML 2026 (poster 62482). https://icml.cc/virtual/2026/poster/62482
-
-Multi-agent RL for air-traffic conflict resolution aligned with the problem's structure: a Physics-Encoded
-Relational Graph encoder handles any number of aircraft, a Sparse Cognitive MoE head stabilises ATC-style
-instructions, and a Kinematic Safety Shield overrides unsafe instructions.
-
-Status: planned — not implemented yet (issue #16). ``icml26 info sarl`` shows the card and its claims.
+A batched 2-D airspace (``AirspaceCore``) and its PettingZoo ``ParallelEnv`` (``parallel_env``), the Kinematic
+Safety Shield (``KinematicSafetyShield``), the PERG graph-attention encoder with the SC-MoE head (``SARLPolicy``),
+an MLP over the k nearest intruders (``KNNMLPPolicy``), shared-parameter MAPPO (``train``) and evaluation.
+Needs the ``rl`` extra for PettingZoo. No paper numbers exist; nothing here is "from the paper".
 """
+
+from .env import ACTION_NAMES, N_ACTIONS, AirspaceCore, cpa, parallel_env
+from .mappo import PPOConfig, evaluate, fly_straight, greedy_direct, greedy_policy, train
+from .policy import KNNMLPPolicy, PERGEncoder, SARLPolicy, SCMoEHead, physics_prior
+from .shield import KinematicSafetyShield
+
+__all__ = ["ACTION_NAMES", "N_ACTIONS", "AirspaceCore", "KNNMLPPolicy", "KinematicSafetyShield", "PERGEncoder",
+           "PPOConfig", "SARLPolicy", "SCMoEHead", "cpa", "evaluate", "fly_straight", "greedy_direct",
+           "greedy_policy", "parallel_env", "physics_prior", "train"]

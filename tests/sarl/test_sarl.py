@@ -1,0 +1,181 @@
+"""SARL: airspace kinematics and separation, CPA against brute force, the shield, PERG/SC-MoE properties,
+MAPPO, the PettingZoo API test, the reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from icml26.sarl import (
+    AirspaceCore,
+    KinematicSafetyShield,
+    KNNMLPPolicy,
+    SARLPolicy,
+    SCMoEHead,
+    cpa,
+    physics_prior,
+)
+from icml26.sarl.experiment import PRESETS, run
+from icml26.sarl.mappo import PPOConfig, evaluate, fly_straight, greedy_direct, train
+
+from ..conftest import ROOT
+from ..helpers import reproduce_in_subprocess
+
+
+def _two(core, p1, h1, p2, h2, spd=420.0):
+    """Place two aircraft by hand in env 0 (exits far ahead)."""
+    core.alive[:] = False
+    core.present[:] = False
+    for i, (p, h) in enumerate(((p1, h1), (p2, h2))):
+        core.present[0, i] = core.alive[0, i] = True
+        core.x[0, i], core.y[0, i] = p
+        core.hdg[0, i] = core.cmd_hdg[0, i] = h
+        core.spd[0, i] = core.cmd_spd[0, i] = core.nominal[0, i] = spd
+        core.exit_x[0, i] = p[0] + 200 * np.sin(np.radians(h))
+        core.exit_y[0, i] = p[1] + 200 * np.cos(np.radians(h))
+    core.pair_los[:] = False
+    core.los_events[:] = 0
+    core.los_time[:] = 0
+
+
+def test_kinematics_by_hand():
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0, max_steps=100)
+    _two(core, (0.0, 0.0), 90.0, (0.0, 100.0), 90.0, spd=360.0)
+    core.step(np.zeros((1, 2), int))
+    # 360 kt for 15 s = 1.5 NM east, heading clockwise from north
+    assert core.x[0, 0] == pytest.approx(1.5) and core.y[0, 0] == pytest.approx(0.0, abs=1e-9)
+    core.step(np.array([[4, 0]]))                   # right 30: rate one, 3 deg/s over 15 s reaches 135 deg? no: 30
+    assert core.cmd_hdg[0, 0] == pytest.approx(120.0) and core.hdg[0, 0] == pytest.approx(120.0)
+    core.step(np.array([[6, 0]]))                   # speed + 20 kt at 1 kt/s: 15 kt in one decision
+    assert core.cmd_spd[0, 0] == pytest.approx(380.0) and core.spd[0, 0] == pytest.approx(375.0)
+
+
+def test_loss_of_separation_events_and_time():
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0, max_steps=100)
+    _two(core, (0.0, 0.0), 90.0, (20.0, 0.0), 270.0)          # head-on, closing at 840 kt
+    for _ in range(8):
+        core.step(np.zeros((1, 2), int))
+    assert core.los_events[0] == 1.0                           # one rising edge for the pair
+    assert core.los_time[0].min() > 0 and core.los_time[0].max() % 5 == 0
+
+
+def test_cpa_against_brute_force():
+    rng = np.random.default_rng(0)
+    p = rng.normal(0, 20, (200, 2))
+    w = rng.normal(0, 400, (200, 2))
+    t, d = cpa(p, w, 180.0)
+    grid = np.linspace(0, 180, 18001)
+    traj = p[:, None] + w[:, None] / 3600.0 * grid[None, :, None]
+    dist = np.linalg.norm(traj, axis=-1)
+    np.testing.assert_allclose(d, dist.min(1), atol=1e-3)
+    np.testing.assert_allclose(t, grid[dist.argmin(1)], atol=0.02)
+
+
+def test_shield_turns_right_in_a_head_on_encounter():
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0)
+    _two(core, (0.0, 0.0), 90.0, (25.0, 0.0), 270.0)
+    shield = KinematicSafetyShield(core)
+    sev, count = shield.severity()
+    assert sev[0, 0, 0] > 0 and count[0, 0, 0] == 1            # maintaining is a conflict
+    actions, overridden = shield.filter(np.zeros((1, 2), int))
+    assert overridden.all() and set(actions[0]) <= {2, 4}       # both turn right (SERA), never left
+    assert shield.safe_mask()[0, 0, 4] and not shield.safe_mask()[0, 0, 0]
+    with pytest.raises(ValueError, match="mode"):
+        KinematicSafetyShield(core, mode="vibes")
+
+
+def test_physics_prior_and_perg_invariances():
+    e = torch.zeros(11)
+    e[4], e[6], e[9] = 0.5, 1.0, np.exp(-1.0)
+    assert float(physics_prior(e)) == pytest.approx(-0.5 + np.exp(-1.0) - 0.5)
+    torch.manual_seed(0)
+    pol = SARLPolicy(moe=False).eval()
+    core = AirspaceCore(n_envs=1, n_aircraft=6, seed=3)
+    from icml26.sarl.mappo import forward, observe
+
+    obs = observe(core, "graph")
+    logits = forward(pol, "graph", obs)[0]
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    pobs = {"x": obs["x"][:, perm], "e": obs["e"][:, perm][:, :, perm], "mask": obs["mask"][:, perm][:, :, perm],
+            "alive": obs["alive"][:, perm], "ctx": obs["ctx"][:, perm]}
+    plogits = forward(pol, "graph", pobs)[0]
+    torch.testing.assert_close(plogits, logits[:, perm], atol=1e-5, rtol=1e-5)   # permutation-equivariant
+    big = AirspaceCore(n_envs=1, n_aircraft=20, radius_nm=60, seed=3)
+    assert forward(pol, "graph", observe(big, "graph"))[0].shape == (1, 20, 8)     # any number of aircraft
+
+
+def test_moe_gates_and_load_balance():
+    head = SCMoEHead(d=16, n_experts=4, top_k=1, router_noise=0.0)
+    z, ctx = torch.randn(3, 5, 16), torch.randn(3, 5, 2)
+    with torch.no_grad():
+        logits, aux, probs = head(z, ctx, torch.ones(3, 5, dtype=torch.bool))
+    assert logits.shape == (3, 5, 8) and torch.allclose(probs.sum(-1), torch.ones(3, 5))
+    f = torch.nn.functional.one_hot(probs.argmax(-1), 4).float().reshape(-1, 4).mean(0)
+    p = probs.reshape(-1, 4).mean(0)
+    assert float(aux.detach()) == pytest.approx(float(4 * (f * p).sum()), rel=1e-5)   # Switch: E sum f_e P_e
+    with pytest.raises(ValueError, match="top_k"):
+        SCMoEHead(n_experts=2, top_k=3)
+
+
+def test_mappo_trains_and_references_behave():
+    make = lambda: AirspaceCore(n_envs=4, n_aircraft=[3, 4], seed=0)    # noqa: E731
+    hist = train(SARLPolicy(), "graph", make, PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=2),
+                 total_agent_steps=100, seed=0, shield_train=True)
+    assert hist and hist[-1]["agent_steps"] >= 100 and np.isfinite(hist[-1]["policy"])
+    hist2 = train(KNNMLPPolicy(), "knn", make, PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=1),
+                  total_agent_steps=60, seed=0)
+    assert hist2[-1]["agent_steps"] >= 60
+    straight = evaluate(fly_straight, lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
+                        episodes=8, shield_eval=False)
+    greedy = evaluate(greedy_direct, lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
+                      episodes=8, shield_eval=True)
+    assert straight["los_events"] > 1 and greedy["success"] > straight["success"]
+    with pytest.raises(ValueError, match="kind"):
+        train(KNNMLPPolicy(), "cnn", make, PPOConfig(), total_agent_steps=1)
+
+
+def test_pettingzoo_api():
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.test import parallel_api_test
+
+    from icml26.sarl import parallel_env
+
+    parallel_api_test(parallel_env(n_aircraft=5, seed=0), num_cycles=200)
+    env = parallel_env(n_aircraft=4, max_aircraft=6, shield=True, seed=2)
+    obs, _ = env.reset()
+    assert len(env.agents) == 4 and obs["aircraft_0"]["nbr"].shape == (5, 11)
+    assert obs["aircraft_0"]["action_mask"].sum() >= 1
+    with pytest.raises(ValueError, match="invalid action"):
+        env.step({"aircraft_0": 9})
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="n_aircraft"):
+        AirspaceCore(n_aircraft=0)
+    with pytest.raises(ValueError, match="scenario"):
+        AirspaceCore(scenario="spiral")
+    core = AirspaceCore(n_envs=2, n_aircraft=3, seed=0)
+    with pytest.raises(ValueError, match="actions must be ints"):
+        core.step(np.full((2, 3), 8))
+
+
+def test_smoke_run_through_the_cli(tmp_path):
+    data = reproduce_in_subprocess("sarl", tmp_path, mode="smoke")
+    assert {"sarl", "mlp_knn", "greedy_kss", "sarl_no_shield_kss"} <= set(data["arms"])
+    assert (tmp_path / "sarl" / "smoke_sarl.png").is_file()
+
+
+def test_same_seed_same_numbers():
+    cfg = dataclasses.replace(PRESETS["smoke"], budget=300, eval_episodes=4, eval_episodes_n20=2)
+    assert run(cfg).metrics == run(cfg).metrics
+
+
+@pytest.mark.slow
+def test_quick_reproduces_the_committed_conclusions(tmp_path):
+    data = reproduce_in_subprocess("sarl", tmp_path, mode="quick")
+    committed = json.loads((ROOT / "results" / "sarl" / "quick.json").read_text())
+    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
