@@ -1,10 +1,17 @@
-"""Training-free token-level watermarking of synthetic audio with a reduced vocabulary.
+"""Training-free, cluster-level token watermark for synthetic audio (HPT-WM).
 
-Paper: "Hidden in Plain Tokens: Simply Robust, Gradient-Free Watermark for Synthetic Audio", ICML 2026. https://arxiv.org/abs/2605.25967
+Paper: "Hidden in Plain Tokens: Simply Robust, Gradient-Free Watermark for Synthetic Audio", Milis, Qin, Wu,
+Huang, ICML 2026 (arXiv 2605.25967).
 
-A KGW green-list watermark for audio-token language models whose green lists and hashes live on clusters of
-codec tokens: clusters are communities (Leiden) of the codec's own decode/re-encode confusion graph, so the
-watermark survives re-tokenisation and audio edits without fine-tuning the tokenizer.
-
-Status: planned — not implemented yet (issue #10). ``icml26 info audio_watermark`` shows the card and its claims.
+``RoundTripConfusion`` + ``ConfusionGraphClusterer`` build the reduced vocabulary from a codec's own round-trip
+errors; ``ClusteredKGW`` biases generation (a ``transformers`` ``LogitsProcessor``) and detects from audio;
+``FrameCodec`` is the small codec trained here (any ``Codec`` fits). Needs the ``audio`` extra (and ``hf`` for the
+LogitsProcessor and the token LM).
 """
+
+from .clustering import ConfusionGraphClusterer, RoundTripConfusion, load_cluster_map, save_cluster_map
+from .codec import Codec, FrameCodec, check_wave, train_codec
+from .watermark import ClusteredKGW, keyed_seed
+
+__all__ = ["ClusteredKGW", "Codec", "ConfusionGraphClusterer", "FrameCodec", "RoundTripConfusion", "check_wave",
+           "keyed_seed", "load_cluster_map", "save_cluster_map", "train_codec"]

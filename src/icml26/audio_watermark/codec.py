@@ -1,0 +1,162 @@
+"""A small frame codec trained here (no pretrained codec can be downloaded), behind the ``Codec`` protocol.
+
+640-sample Hann frames with hop 320 at 16 kHz (50 tokens per second); an MLP encoder to a d-dimensional latent,
+``vector_quantize_pytorch.VectorQuantize`` (EMA codebook, k-means init), an MLP decoder and Hann overlap-add.
+Trained on waveform L1 + multi-resolution log-magnitude STFT + commitment. Overlap-add makes encode(decode(q)) != q
+in a structured way, the phenomenon the watermark paper is about. A real codec (EnCodec, Mimi, ...) plugs in through
+the same protocol where its weights exist.
+
+Example:
+    >>> import numpy as np
+    >>> codec = FrameCodec(codebook_size=32, dim=8, seed=0)
+    >>> tokens = codec.encode(np.zeros(16000, dtype=np.float32))
+    >>> tokens.shape, codec.decode(tokens).shape
+    ((49,), (16000,))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..common.optional import requires
+from ..common.progress import progress
+
+FRAME, HOP = 640, 320
+
+
+class Codec(Protocol):
+    """``encode(wave) -> tokens (T,)``; ``decode(tokens) -> wave``; ``codebook_size``; ``fingerprint``."""
+
+    codebook_size: int
+    fingerprint: str
+
+    def encode(self, wave: np.ndarray) -> np.ndarray: ...
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray: ...
+
+
+def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: int = 16_000,
+               min_seconds: float = 0.1) -> np.ndarray:
+    """A mono float waveform at the codec's rate, long and loud enough; ``ValueError`` otherwise."""
+    x = np.asarray(wave)
+    if sample_rate != expected_rate:
+        raise ValueError(f"audio must be sampled at {expected_rate} Hz, got {sample_rate} Hz (resample it first)")
+    if x.ndim != 1:
+        raise ValueError(f"audio must be mono, shape (samples,), got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"audio must be float samples in [-1, 1], got dtype {x.dtype}")
+    if not np.isfinite(x).all():
+        raise ValueError("audio contains NaN or infinity")
+    if len(x) < max(FRAME, int(min_seconds * expected_rate)):
+        raise ValueError(f"audio is too short: {len(x)} samples, need at least {max(FRAME, int(min_seconds * expected_rate))}")
+    return x.astype(np.float32)
+
+
+class FrameCodec(nn.Module):
+    """The frame codec (see the module docstring)."""
+
+    def __init__(self, codebook_size: int = 128, dim: int = 16, hidden: int = 512, seed: int = 0):
+        super().__init__()
+        vq = requires("vector_quantize_pytorch", extra="audio", purpose="the frame codec's quantiser")
+        g = torch.random.fork_rng(devices=[])
+        with g:
+            torch.manual_seed(seed)
+            self.enc = nn.Sequential(nn.Linear(FRAME, hidden), nn.GELU(), nn.Linear(hidden, dim))
+            self.dec = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, FRAME))
+            self.vq = vq.VectorQuantize(dim=dim, codebook_size=codebook_size, decay=0.9, commitment_weight=0.25,
+                                        kmeans_init=True, kmeans_iters=10, threshold_ema_dead_code=2)
+        self.codebook_size, self.seed = codebook_size, seed
+        self.register_buffer("window", torch.hann_window(FRAME, periodic=True))
+        self.fingerprint = f"framecodec-K{codebook_size}-d{dim}-s{seed}"
+
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S) -> (B, T, FRAME) windowed frames (no padding: T = (S - FRAME) // HOP + 1)."""
+        return x.unfold(-1, FRAME, HOP) * self.window
+
+    def overlap_add(self, frames: torch.Tensor, length: int) -> torch.Tensor:
+        b, t, _ = frames.shape
+        out = torch.nn.functional.fold((frames * self.window).transpose(1, 2), output_size=(1, length),
+                                       kernel_size=(1, FRAME), stride=(1, HOP))
+        norm = torch.nn.functional.fold((self.window ** 2).expand(b, t, FRAME).transpose(1, 2),
+                                        output_size=(1, length), kernel_size=(1, FRAME), stride=(1, HOP))
+        return (out / norm.clamp(min=1e-3))[:, 0, 0]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        z = self.enc(self.frames(x))
+        q, idx, commit = self.vq(z)
+        return self.overlap_add(self.dec(q), x.shape[-1]), idx, commit.sum()
+
+    @torch.no_grad()
+    def encode(self, wave: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(check_wave(wave))[None]
+        self.eval()
+        _, idx, _ = self.vq(self.enc(self.frames(x)))
+        return idx[0].numpy().astype(np.int64)
+
+    @torch.no_grad()
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        if t.ndim != 1 or len(t) == 0:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tuple(t.shape)}")
+        if int(t.min()) < 0 or int(t.max()) >= self.codebook_size:
+            raise ValueError(f"tokens must be in [0, {self.codebook_size})")
+        self.eval()
+        q = self.vq.get_codes_from_indices(t[None])
+        length = (len(t) - 1) * HOP + FRAME
+        return self.overlap_add(self.dec(q), length)[0].numpy()
+
+    def codebook(self) -> np.ndarray:
+        """(K, d) codebook vectors."""
+        return self.vq.codebook.detach().numpy().reshape(self.codebook_size, -1)
+
+
+def stft_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    loss = torch.zeros(())
+    for n in (256, 512, 1024):
+        w = torch.hann_window(n)
+        sx = torch.stft(x, n, n // 4, window=w, return_complex=True).abs()
+        sy = torch.stft(y, n, n // 4, window=w, return_complex=True).abs()
+        loss = loss + (torch.log(sx + 1e-5) - torch.log(sy + 1e-5)).abs().mean()
+    return loss
+
+
+def train_codec(utterances: Sequence[np.ndarray], *, codebook_size: int = 128, dim: int = 16, steps: int = 600,
+                batch: int = 16, seconds: float = 1.0, lr: float = 1e-3, seed: int = 0,
+                desc: str | None = "codec") -> FrameCodec:
+    """Train a :class:`FrameCodec` on random 1 s crops of ``utterances``."""
+    codec = FrameCodec(codebook_size, dim, seed=seed)
+    opt = torch.optim.Adam([p for n, p in codec.named_parameters() if not n.startswith("vq")], lr=lr)
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 16_000)
+    pool = [u for u in utterances if len(u) > n]
+    if not pool:
+        raise ValueError("no utterance is longer than the training crop")
+    codec.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)                        # the quantiser's k-means init and dead-code resets
+        _train_steps(codec, opt, pool, rng, n, steps, batch, desc)
+    return codec.eval()
+
+
+def _train_steps(codec: FrameCodec, opt: torch.optim.Optimizer, pool: list[np.ndarray], rng: np.random.Generator,
+                 n: int, steps: int, batch: int, desc: str | None) -> None:
+    for _ in progress(range(steps), desc=desc) if desc else range(steps):
+        crops = []
+        for _ in range(batch):
+            u = pool[int(rng.integers(len(pool)))]
+            s = int(rng.integers(0, len(u) - n))
+            crops.append(u[s:s + n])
+        x = torch.from_numpy(np.stack(crops))
+        y, _, commit = codec(x)
+        edge = FRAME                                   # the ends are covered by one frame only
+        loss = (y - x)[:, edge:-edge].abs().mean() + stft_loss(x[:, edge:-edge], y[:, edge:-edge]) + commit
+        if not torch.isfinite(loss):
+            raise FloatingPointError("codec loss is not finite")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()

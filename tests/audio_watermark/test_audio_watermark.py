@@ -1,0 +1,161 @@
+"""Audio watermark: clustering, the watermark and its test, the codec, the attacks, calibration, the reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vector_quantize_pytorch")
+
+from icml26.audio_watermark.audio import ATTACKS, apply_attack, speech_corpus
+from icml26.audio_watermark.clustering import (
+    ConfusionGraphClusterer,
+    RoundTripConfusion,
+    load_cluster_map,
+    random_partition,
+    save_cluster_map,
+)
+from icml26.audio_watermark.codec import FrameCodec, check_wave
+from icml26.audio_watermark.experiment import PRESETS, run
+from icml26.audio_watermark.lm import OFFSET, sample, train_token_lm
+from icml26.audio_watermark.watermark import ClusteredKGW, keyed_seed
+
+from ..conftest import ROOT
+from ..helpers import reproduce_in_subprocess
+
+
+def _blocks(n_blocks=4, size=5, seed=0):
+    rng = np.random.default_rng(seed)
+    M = rng.integers(0, 2, (n_blocks * size, n_blocks * size))
+    for b in range(n_blocks):
+        M[b * size:(b + 1) * size, b * size:(b + 1) * size] += 50
+    np.fill_diagonal(M, 0)
+    return M
+
+
+@pytest.mark.parametrize("method", ["leiden", "louvain"])
+def test_community_detection_recovers_confusion_blocks(method):
+    cl = ConfusionGraphClusterer(method=method, min_count=5).fit(_blocks())
+    assert cl.n_clusters_ == 4
+    assert all(len(set(cl.labels_[b * 5:(b + 1) * 5])) == 1 for b in range(4))
+    more = ConfusionGraphClusterer(method=method, min_count=0, min_clusters=8).fit(_blocks())
+    assert more.n_clusters_ >= 8 and more.resolution_used_ > 1.0
+
+
+def test_confusion_counts_and_persistence(tmp_path):
+    c = RoundTripConfusion(4).update(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 1]))
+    assert c.M[1, 2] == 1 and c.M[3, 1] == 1 and c.M.sum() == 2 and c.match_rate() == 0.5
+    both = c + RoundTripConfusion(4).update(np.array([1]), np.array([2]))
+    assert both.M[1, 2] == 2 and both.total == 5
+    path = save_cluster_map(np.array([0, 0, 1, 1]), tmp_path / "map.json", codec_fingerprint="codec-A")
+    assert load_cluster_map(path, codec_fingerprint="codec-A").tolist() == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="built for codec 'codec-A'"):
+        load_cluster_map(path, codec_fingerprint="codec-B")
+    with pytest.raises(ValueError, match="tokens must be in"):
+        c.update(np.array([5]), np.array([0]))
+    assert sorted(np.bincount(random_partition(np.array([0, 0, 0, 1, 2, 2])))) == [1, 2, 3]
+
+
+def test_p_value_against_the_binomial_tail_by_hand():
+    wm = ClusteredKGW(np.arange(40) % 8, gamma=0.25, context_width=0)
+    green = set(np.nonzero(wm.green_clusters(()).numpy())[0].tolist())
+    tokens = np.array([t for t in range(40)])
+    s = wm.score(tokens, dedup="none")
+    n, g = 40, sum((t % 8) in green for t in range(40))
+    assert (s["n_scored"], s["n_green"]) == (n, g)
+    tail = sum(math.comb(n, k) * 0.25 ** k * 0.75 ** (n - k) for k in range(g, n + 1))
+    assert s["p_value"] == pytest.approx(tail, rel=1e-9)
+    assert s["z"] == pytest.approx((g - 10) / math.sqrt(40 * 0.25 * 0.75))
+    few = wm.score(np.array([1, 2, 3]))
+    assert few["enough"] is False and "scored tokens" in few["reason"] and "p_value" not in few
+
+
+def test_green_lists_are_keyed_and_context_dependent():
+    assert keyed_seed((1, 2), 7) == keyed_seed((1, 2), 7) != keyed_seed((2, 1), 7) != keyed_seed((1, 2), 8)
+    wm = ClusteredKGW(np.arange(64) // 4, gamma=0.25, context_width=1)
+    greens = {tuple(wm.green_clusters((c,)).nonzero()[:, 0].tolist()) for c in range(16)}
+    assert len(greens) > 1 and all(len(g) == 4 for g in greens) and wm.key_space == 16
+    bias = wm.bias(torch.tensor([[5, 9]]), vocab=64 + OFFSET, offset=OFFSET)
+    expect = wm.green_clusters((9 // 4,))[torch.arange(64) // 4].float() * 2.0
+    torch.testing.assert_close(bias[0, OFFSET:], expect)
+    assert bias[0, :OFFSET].abs().sum() == 0
+
+
+def test_watermarked_generation_is_detectable_and_the_null_is_calibrated():
+    rng = np.random.default_rng(0)
+    streams = [rng.integers(0, 32, 400) for _ in range(4)]
+    lm = train_token_lm(streams, vocab=32, steps=30, seed=0, desc=None)
+    wm = ClusteredKGW(np.arange(32) // 2, gamma=0.25, delta=4.0, context_width=1, key=3)
+    marked = sample(lm, 8, 150, processor=wm.logits_processor(1, OFFSET), seed=1)
+    plain = sample(lm, 8, 150, seed=2)
+    assert np.median([wm.score(t)["neglog10_p"] for t in marked]) > 3
+    # calibration under H0: uniform random tokens, many keys
+    null = [ClusteredKGW(np.arange(32) // 2, context_width=1, key=k).score(rng.integers(0, 32, 200))["p_value"]
+            for k in range(300)]
+    assert np.mean(np.array(null) < 0.05) <= 0.08
+    assert np.median([wm.score(t)["neglog10_p"] for t in plain]) < 2
+
+
+def test_unwatermarked_speech_has_no_false_positives():
+    utt = speech_corpus(6)
+    codec = FrameCodec(codebook_size=32, dim=8, seed=0)
+    pvals = [ClusteredKGW(np.arange(32) // 2, context_width=1, key=k).score(codec.encode(u))["p_value"]
+             for k in range(20) for u in utt]
+    assert np.mean(np.array(pvals) < 0.01) <= 0.05
+
+
+def test_codec_and_bad_audio():
+    codec = FrameCodec(codebook_size=16, dim=4, seed=0)
+    x = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)
+    q = codec.encode(x)
+    assert q.shape == (49,) and codec.decode(q).shape == (16000,)
+    with pytest.raises(ValueError, match="16000 Hz"):
+        check_wave(x, 22050)
+    with pytest.raises(ValueError, match="mono"):
+        check_wave(np.zeros((2, 16000), np.float32))
+    with pytest.raises(TypeError, match="float samples"):
+        check_wave(np.zeros(16000, np.int16))
+    with pytest.raises(ValueError, match="too short"):
+        codec.encode(np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        codec.encode(np.full(16000, np.nan, np.float32))
+    with pytest.raises(ValueError, match=r"tokens must be in \[0, 16\)"):
+        codec.decode(np.array([20]))
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attacks(name):
+    x = (0.5 * np.sin(np.linspace(0, 2000, 16000))).astype(np.float32)
+    y = apply_attack(name, x, np.random.default_rng(0))
+    assert y.dtype == np.float32 and np.isfinite(y).all() and abs(len(y) - 16000) <= 4800
+    if name == "identity":
+        assert np.array_equal(x, y)
+
+
+def test_unknown_attack():
+    with pytest.raises(ValueError, match="unknown attack"):
+        apply_attack("reverb", np.zeros(16000, np.float32), np.random.default_rng(0))
+
+
+def test_smoke_run_through_the_cli(tmp_path):
+    data = reproduce_in_subprocess("audio_watermark", tmp_path, mode="smoke")
+    assert {"base", "hpt", "random", "kmeans", "louvain", "none"} <= set(data["arms"])
+    assert (tmp_path / "audio_watermark" / "smoke_detection.png").is_file()
+
+
+def test_same_seed_same_numbers():
+    cfg = dataclasses.replace(PRESETS["smoke"], n_utterances=6, codec_steps=3, lm_steps=3, n_generations=2,
+                              attacks=("identity",))
+    assert run(cfg).metrics == run(cfg).metrics
+
+
+@pytest.mark.slow
+def test_quick_reproduces_the_committed_conclusions(tmp_path):
+    data = reproduce_in_subprocess("audio_watermark", tmp_path, mode="quick")
+    committed = json.loads((ROOT / "results" / "audio_watermark" / "quick.json").read_text())
+    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
