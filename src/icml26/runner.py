@@ -13,9 +13,10 @@ std, evaluates each of the card's claims for this mode with its check, and write
 ``<out>/<slug>/<mode>.json`` atomically. Nothing else writes result files.
 
 Example (a planned paper cannot be reproduced):
-    >>> from icml26.registry import get_paper
+    >>> from icml26.registry import list_papers
+    >>> planned = next(p for p in list_papers() if not p.implemented)
     >>> try:
-    ...     run_paper(get_paper("sarl"), mode="smoke", out_dir="/tmp/unused")
+    ...     run_paper(planned, mode="smoke", out_dir="/tmp/unused")
     ... except NotImplementedPaperError as exc:
     ...     print(type(exc).__name__)
     NotImplementedPaperError

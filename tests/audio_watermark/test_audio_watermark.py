@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("vector_quantize_pytorch")
 
-from icml26.audio_watermark.audio import ATTACKS, apply_attack, speech_corpus
+from icml26.audio_watermark.audio import ATTACKS, apply_attack, music_corpus, speech_corpus
 from icml26.audio_watermark.clustering import (
     ConfusionGraphClusterer,
     RoundTripConfusion,
@@ -20,7 +20,7 @@ from icml26.audio_watermark.clustering import (
     random_partition,
     save_cluster_map,
 )
-from icml26.audio_watermark.codec import FrameCodec, check_wave
+from icml26.audio_watermark.codec import FrameCodec, check_wave, train_codec
 from icml26.audio_watermark.experiment import PRESETS, run
 from icml26.audio_watermark.lm import OFFSET, sample, train_token_lm
 from icml26.audio_watermark.watermark import ClusteredKGW, keyed_seed
@@ -124,8 +124,38 @@ def test_codec_and_bad_audio():
         codec.encode(np.zeros(100, np.float32))
     with pytest.raises(ValueError, match="NaN"):
         codec.encode(np.full(16000, np.nan, np.float32))
+    with pytest.raises(ValueError, match="silent"):
+        codec.encode(np.zeros(16000, np.float32))
+    with pytest.raises(TypeError, match="key must be an integer"):
+        ClusteredKGW(np.arange(16), key="secret")
     with pytest.raises(ValueError, match=r"tokens must be in \[0, 16\)"):
         codec.decode(np.array([20]))
+
+
+def test_music_corpus_is_reproducible_and_musical():
+    a, b = music_corpus(3, seed=1), music_corpus(3, seed=1)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)) and a[0].shape == (80_000,)
+    assert not np.array_equal(a[0], music_corpus(1, seed=2)[0])
+    spectrum = np.abs(np.fft.rfft(a[0]))
+    peak_hz = np.argmax(spectrum[1:]) + 1
+    assert 30 < peak_hz * 16_000 / len(a[0]) < 2000          # tonal energy in the musical range, not white noise
+    with pytest.raises(ValueError, match="n must be"):
+        music_corpus(0)
+
+
+def test_trained_codec_round_trip_does_not_collapse():
+    # a waveform encoder mapped every decoded (phase-less) frame to one token: r = 0; the spectral encoder must not
+    utt = speech_corpus(6)
+    codec = train_codec(utt[::2], codebook_size=32, dim=8, steps=60, batch=8, seed=0, desc=None)
+    rates, distinct = [], []
+    for u in utt[1::2]:
+        q = codec.encode(u)
+        q2 = codec.encode(codec.decode(q))
+        rates.append((q == q2).mean())
+        distinct.append(len(np.unique(q2)))
+    assert np.mean(rates) > 2 / 32 and min(distinct) >= 4
+    with pytest.raises(ValueError, match="steps and batch"):
+        train_codec(utt, steps=0)
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -144,7 +174,7 @@ def test_unknown_attack():
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("audio_watermark", tmp_path, mode="smoke")
-    assert {"base", "hpt", "random", "kmeans", "louvain", "none"} <= set(data["arms"])
+    assert {"base", "hpt", "random", "kmeans", "louvain", "none", "base_h1", "hpt_h1", "gap"} <= set(data["arms"])
     assert (tmp_path / "audio_watermark" / "smoke_detection.png").is_file()
 
 

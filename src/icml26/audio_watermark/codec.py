@@ -1,15 +1,17 @@
 """A small frame codec trained here (no pretrained codec can be downloaded), behind the ``Codec`` protocol.
 
-640-sample Hann frames with hop 320 at 16 kHz (50 tokens per second); an MLP encoder to a d-dimensional latent,
-``vector_quantize_pytorch.VectorQuantize`` (EMA codebook, k-means init), an MLP decoder and Hann overlap-add.
-Trained on waveform L1 + multi-resolution log-magnitude STFT + commitment. Overlap-add makes encode(decode(q)) != q
-in a structured way, the phenomenon the watermark paper is about. A real codec (EnCodec, Mimi, ...) plugs in through
+640-sample Hann frames with hop 320 at 16 kHz (50 tokens per second); an MLP encoder from the frame's log-magnitude
+spectrum to a d-dimensional latent, ``vector_quantize_pytorch.VectorQuantize`` (EMA codebook, k-means init), an MLP
+decoder to waveform frames and Hann overlap-add. Trained on waveform L1 + multi-resolution log-magnitude STFT +
+commitment with a cosine learning-rate decay. Overlap-add makes encode(decode(q)) != q in a structured way, the
+phenomenon the watermark paper is about. (The encoder reads magnitudes because a 7-bit-per-frame decoder cannot
+reproduce phase: a waveform encoder maps every decoded frame to one token, r = 0.) A real codec (EnCodec, Mimi, ...) plugs in through
 the same protocol where its weights exist.
 
 Example:
     >>> import numpy as np
     >>> codec = FrameCodec(codebook_size=32, dim=8, seed=0)
-    >>> tokens = codec.encode(np.zeros(16000, dtype=np.float32))
+    >>> tokens = codec.encode(np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32))
     >>> tokens.shape, codec.decode(tokens).shape
     ((49,), (16000,))
 """
@@ -42,7 +44,7 @@ class Codec(Protocol):
 
 def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: int = 16_000,
                min_seconds: float = 0.1) -> np.ndarray:
-    """A mono float waveform at the codec's rate, long and loud enough; ``ValueError`` otherwise."""
+    """A mono float waveform at the codec's rate, long enough and not silent; ``ValueError`` otherwise."""
     x = np.asarray(wave)
     if sample_rate != expected_rate:
         raise ValueError(f"audio must be sampled at {expected_rate} Hz, got {sample_rate} Hz (resample it first)")
@@ -54,6 +56,8 @@ def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: in
         raise ValueError("audio contains NaN or infinity")
     if len(x) < max(FRAME, int(min_seconds * expected_rate)):
         raise ValueError(f"audio is too short: {len(x)} samples, need at least {max(FRAME, int(min_seconds * expected_rate))}")
+    if not np.abs(x).max() > 0:
+        raise ValueError("audio is silent (all samples are zero): there is nothing to encode or detect")
     return x.astype(np.float32)
 
 
@@ -66,17 +70,21 @@ class FrameCodec(nn.Module):
         g = torch.random.fork_rng(devices=[])
         with g:
             torch.manual_seed(seed)
-            self.enc = nn.Sequential(nn.Linear(FRAME, hidden), nn.GELU(), nn.Linear(hidden, dim))
+            self.enc = nn.Sequential(nn.Linear(FRAME // 2 + 1, hidden), nn.GELU(), nn.Linear(hidden, dim))
             self.dec = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, FRAME))
             self.vq = vq.VectorQuantize(dim=dim, codebook_size=codebook_size, decay=0.9, commitment_weight=0.25,
                                         kmeans_init=True, kmeans_iters=10, threshold_ema_dead_code=2)
         self.codebook_size, self.seed = codebook_size, seed
         self.register_buffer("window", torch.hann_window(FRAME, periodic=True))
-        self.fingerprint = f"framecodec-K{codebook_size}-d{dim}-s{seed}"
+        self.fingerprint = f"framecodec2-K{codebook_size}-d{dim}-s{seed}"
 
     def frames(self, x: torch.Tensor) -> torch.Tensor:
         """(B, S) -> (B, T, FRAME) windowed frames (no padding: T = (S - FRAME) // HOP + 1)."""
         return x.unfold(-1, FRAME, HOP) * self.window
+
+    def latents(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S) -> (B, T, d): the encoder on each frame's log-magnitude spectrum."""
+        return self.enc(torch.log(torch.fft.rfft(self.frames(x)).abs() + 1e-3))
 
     def overlap_add(self, frames: torch.Tensor, length: int) -> torch.Tensor:
         b, t, _ = frames.shape
@@ -87,15 +95,14 @@ class FrameCodec(nn.Module):
         return (out / norm.clamp(min=1e-3))[:, 0, 0]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        z = self.enc(self.frames(x))
-        q, idx, commit = self.vq(z)
+        q, idx, commit = self.vq(self.latents(x))
         return self.overlap_add(self.dec(q), x.shape[-1]), idx, commit.sum()
 
     @torch.no_grad()
     def encode(self, wave: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(check_wave(wave))[None]
         self.eval()
-        _, idx, _ = self.vq(self.enc(self.frames(x)))
+        _, idx, _ = self.vq(self.latents(x))
         return idx[0].numpy().astype(np.int64)
 
     @torch.no_grad()
@@ -128,9 +135,12 @@ def stft_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def train_codec(utterances: Sequence[np.ndarray], *, codebook_size: int = 128, dim: int = 16, steps: int = 600,
                 batch: int = 16, seconds: float = 1.0, lr: float = 1e-3, seed: int = 0,
                 desc: str | None = "codec") -> FrameCodec:
-    """Train a :class:`FrameCodec` on random 1 s crops of ``utterances``."""
+    """Train a :class:`FrameCodec` on random 1 s crops of ``utterances`` (Adam, cosine decay of ``lr`` to 0)."""
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
     codec = FrameCodec(codebook_size, dim, seed=seed)
     opt = torch.optim.Adam([p for n, p in codec.named_parameters() if not n.startswith("vq")], lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + np.cos(np.pi * min(i, steps) / steps)))
     rng = np.random.default_rng(seed)
     n = int(seconds * 16_000)
     pool = [u for u in utterances if len(u) > n]
@@ -139,24 +149,26 @@ def train_codec(utterances: Sequence[np.ndarray], *, codebook_size: int = 128, d
     codec.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)                        # the quantiser's k-means init and dead-code resets
-        _train_steps(codec, opt, pool, rng, n, steps, batch, desc)
+        for _ in progress(range(steps), desc=desc) if desc else range(steps):
+            _train_step(codec, opt, pool, rng, n, batch)
+            sched.step()
     return codec.eval()
 
 
-def _train_steps(codec: FrameCodec, opt: torch.optim.Optimizer, pool: list[np.ndarray], rng: np.random.Generator,
-                 n: int, steps: int, batch: int, desc: str | None) -> None:
-    for _ in progress(range(steps), desc=desc) if desc else range(steps):
-        crops = []
-        for _ in range(batch):
-            u = pool[int(rng.integers(len(pool)))]
-            s = int(rng.integers(0, len(u) - n))
-            crops.append(u[s:s + n])
-        x = torch.from_numpy(np.stack(crops))
-        y, _, commit = codec(x)
-        edge = FRAME                                   # the ends are covered by one frame only
-        loss = (y - x)[:, edge:-edge].abs().mean() + stft_loss(x[:, edge:-edge], y[:, edge:-edge]) + commit
-        if not torch.isfinite(loss):
-            raise FloatingPointError("codec loss is not finite")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+def _train_step(codec: FrameCodec, opt: torch.optim.Optimizer, pool: list[np.ndarray], rng: np.random.Generator,
+                n: int, batch: int) -> None:
+    """One Adam step on a batch of random crops."""
+    crops = []
+    for _ in range(batch):
+        u = pool[int(rng.integers(len(pool)))]
+        s = int(rng.integers(0, len(u) - n))
+        crops.append(u[s:s + n])
+    x = torch.from_numpy(np.stack(crops))
+    y, _, commit = codec(x)
+    edge = FRAME                                   # the ends are covered by one frame only
+    loss = (y - x)[:, edge:-edge].abs().mean() + stft_loss(x[:, edge:-edge], y[:, edge:-edge]) + commit
+    if not torch.isfinite(loss):
+        raise FloatingPointError("codec loss is not finite")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()

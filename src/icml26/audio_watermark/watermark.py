@@ -54,6 +54,8 @@ class ClusteredKGW:
         cmap = np.asarray(cluster_map)
         if cmap.ndim != 1 or not np.issubdtype(cmap.dtype, np.integer) or cmap.min() < 0:
             raise ValueError("cluster_map must be a 1-D array of non-negative cluster ids")
+        if isinstance(key, bool) or not isinstance(key, int | np.integer):
+            raise TypeError(f"key must be an integer, got {type(key).__name__}")
         if not 0 < gamma < 1 or delta < 0 or context_width < 0:
             raise ValueError("gamma must be in (0, 1), delta >= 0 and context_width >= 0")
         self.cmap = torch.as_tensor(cmap, dtype=torch.long)
