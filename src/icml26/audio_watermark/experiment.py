@@ -79,7 +79,7 @@ class Config:
     context_width: int = 0
     """h: previous tokens seeding the green list (0 as in the official Moshi command); the extra arms
     ``base_h{h+1}`` and ``hpt_h{h+1}`` use h + 1"""
-    attacks: tuple[str, ...] = ("identity", "noise", "lowpass", "mp3", "crop", "codec")
+    attacks: tuple[str, ...] = ("identity", "noise", "lowpass", "mp3", "crop", "codec", "speed")
     """audio edits before detection ("codec": decode -> encode with a second codec trained with another seed)"""
     min_clusters_ratio: float = 0.125
     """at least V x this many clusters (the key space must not collapse)"""
