@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy.signal import resample_poly
 
+from ..common.io import atomic_write_with
 from ..common.optional import require_program
 
 SR = 16_000
@@ -74,10 +75,7 @@ def speech_corpus(n: int = 60, *, cache: Path | None = None) -> list[np.ndarray]
         x = _espeak(s, v, sp, pi)
         out.append((0.9 * x / max(float(np.abs(x).max()), 1e-6)).astype(np.float32))
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **{f"u{i}": x for i, x in enumerate(out)})
-        tmp.replace(path)
+        atomic_write_with(path, lambda tmp: np.savez(tmp, **{f"u{i}": x for i, x in enumerate(out)}))
     return out
 
 

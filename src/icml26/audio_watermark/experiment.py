@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..common.io import atomic_write_with
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -106,9 +107,7 @@ def _cached_model(cfg: Config, key: dict[str, Any], build: Any, kind: str) -> An
         return torch.load(path, weights_only=False)
     obj = build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
     return obj
 
 
