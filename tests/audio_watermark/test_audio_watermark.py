@@ -182,6 +182,8 @@ def test_same_seed_same_numbers():
     cfg = dataclasses.replace(PRESETS["smoke"], n_utterances=6, codec_steps=3, lm_steps=3, n_generations=2,
                               attacks=("identity",))
     assert run(cfg).metrics == run(cfg).metrics
+    with pytest.raises(ValueError, match="identity"):
+        run(dataclasses.replace(cfg, attacks=("noise",)))
 
 
 @pytest.mark.slow

@@ -183,8 +183,9 @@ def _arm_metrics(cfg: Config, lm: Any, codec: FrameCodec, other: FrameCodec, cma
 
 def run(cfg: Config) -> SeedRun:
     """One seed: every arm, watermarked and unwatermarked, under every attack."""
-    if cfg.n_generations < 1 or cfg.length < 16 or not cfg.attacks:
-        raise ValueError("n_generations >= 1, length >= 16 and at least one attack are needed")
+    if cfg.n_generations < 1 or cfg.length < 16 or "identity" not in cfg.attacks:
+        raise ValueError(f"n_generations >= 1, length >= 16 and an 'identity' attack (the detection without edits) "
+                         f"are needed, got {cfg.n_generations}, {cfg.length}, {cfg.attacks}")
     utt, codec, other, lm = models(cfg)
     maps, conf = cluster_maps(cfg, utt, codec)
     held = []
