@@ -43,6 +43,9 @@ def test_community_detection_recovers_confusion_blocks(method):
     cl = ConfusionGraphClusterer(method=method, min_count=5).fit(_blocks())
     assert cl.n_clusters_ == 4
     assert all(len(set(cl.labels_[b * 5:(b + 1) * 5])) == 1 for b in range(4))
+    assert cl.transform(np.array([0, 6])).tolist() == [cl.labels_[0], cl.labels_[6]]
+    # tokens 0 -> 1 stay in block 0 (cluster kept), 0 -> 5 leave it: r_cl = 1/2 where the token match r = 0
+    assert cl.cluster_match_rate(np.array([0, 0]), np.array([1, 5, 9])) == 0.5
     more = ConfusionGraphClusterer(method=method, min_count=0, min_clusters=8).fit(_blocks())
     assert more.n_clusters_ >= 8 and more.resolution_used_ > 1.0
 

@@ -65,9 +65,12 @@ class TemplateSynthesizer:
 
 
 def _holds(evaluator: Evaluator, c: Cond, env: dict[str, Any]) -> bool:
+    """Whether ``c`` held before the harmful call; a ``semantic(...)`` check whose LLM fails is logged and dropped
+    (predicate failures are already logged by the evaluator)."""
     try:
         return evaluator(c, env)
-    except Exception:
+    except LLMError as exc:
+        evaluator.errors.append(f"semantic check skipped while synthesising a rule: {exc}")
         return False
 
 

@@ -116,8 +116,15 @@ class ConfusionGraphClusterer(BaseEstimator):
         return self.labels_[np.asarray(tokens)]
 
     def cluster_match_rate(self, orig: np.ndarray, roundtrip: np.ndarray) -> float:
-        n = min(len(orig), len(roundtrip))
-        return float((self.labels_[np.asarray(orig)[:n]] == self.labels_[np.asarray(roundtrip)[:n]]).mean())
+        """r_cl: share of aligned positions whose cluster survives the round trip."""
+        return cluster_match_rate(self.labels_, orig, roundtrip)
+
+
+def cluster_match_rate(labels: np.ndarray, orig: np.ndarray, roundtrip: np.ndarray) -> float:
+    """Share of aligned positions (the shorter length) where ``labels[orig] == labels[roundtrip]``; with the
+    identity map this is the token match rate r."""
+    n = min(len(orig), len(roundtrip))
+    return float((labels[np.asarray(orig)[:n]] == labels[np.asarray(roundtrip)[:n]]).mean())
 
 
 def kmeans_clusters(codebook: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:

@@ -43,7 +43,13 @@ from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import cache_dir
 from .audio import apply_attack, music_corpus, speech_corpus
-from .clustering import ConfusionGraphClusterer, RoundTripConfusion, kmeans_clusters, random_partition
+from .clustering import (
+    ConfusionGraphClusterer,
+    RoundTripConfusion,
+    cluster_match_rate,
+    kmeans_clusters,
+    random_partition,
+)
 from .codec import FrameCodec, train_codec
 from .lm import OFFSET, mean_nll, sample, train_token_lm
 from .watermark import ClusteredKGW
@@ -163,8 +169,7 @@ def _arm_metrics(cfg: Config, lm: Any, codec: FrameCodec, other: FrameCodec, cma
     on_tokens = [wm.score(t) for t in marked]
     m: dict[str, float] = {
         "n_clusters": float(wm.C), "nll": mean_nll(lm, marked),
-        "match_rate": float(np.mean([(cmap[a[:min(len(a), len(b))]] == cmap[b[:min(len(a), len(b))]]).mean()
-                                     for a, b in held])),
+        "match_rate": float(np.mean([cluster_match_rate(cmap, a, b) for a, b in held])),
         "green_share_tokens": float(np.mean([s["n_green"] / max(1.0, s["n_scored"]) for s in on_tokens])),
         "neglog10_p_tokens": float(np.median([s.get("neglog10_p", 0.0) for s in on_tokens]))}
     for attack in cfg.attacks:

@@ -124,6 +124,14 @@ class PartitionMatroid:
         return [(i, j) for g in self.groups for i in g if x[i] for j in g if not x[j]]
 
 
+def _find(parent: list[int], a: int) -> int:
+    """Union-find root of ``a`` with path halving (mutates ``parent``)."""
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
+
+
 class GraphicMatroid:
     """Choose a spanning forest of a graph; item ``e`` is edge ``edges[e]`` (items not in ``available`` excluded)."""
 
@@ -139,17 +147,10 @@ class GraphicMatroid:
 
     def _components(self, items: Iterable[int]) -> list[int]:
         parent = list(range(self.n_nodes))
-
-        def find(a: int) -> int:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
         for e in items:
             u, v = self.edges[e]
-            parent[find(u)] = find(v)
-        return [find(a) for a in range(self.n_nodes)]
+            parent[_find(parent, u)] = _find(parent, v)
+        return [_find(parent, a) for a in range(self.n_nodes)]
 
     def _forest_size(self, items: Iterable[int]) -> int:
         return self.n_nodes - len(set(self._components(items)))
@@ -158,16 +159,9 @@ class GraphicMatroid:
         """Kruskal: heaviest edges first, skipping those that close a cycle."""
         w = _check_w(w, self.d)
         parent = list(range(self.n_nodes))
-
-        def find(a: int) -> int:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
         x = np.zeros(self.d, dtype=np.int64)
         for e in _order(w, self.available):
-            ru, rv = find(self.edges[e][0]), find(self.edges[e][1])
+            ru, rv = _find(parent, self.edges[e][0]), _find(parent, self.edges[e][1])
             if ru != rv:
                 parent[ru] = rv
                 x[e] = 1

@@ -132,21 +132,25 @@ def run(cfg: Config) -> SeedRun:
     return SeedRun(out.metrics, series=out.series)
 
 
-def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Regret against t (log x), mistakes against d with the bound, and the corruption panel (mean over seeds)."""
-    mode = result["mode"]
-    written = []
-    regret = runs[0].series["regret"]
-    fig, axes = new_figure(1, len(regret), squeeze=False)
-    for ax, (tag, arms) in zip(axes[0], regret.items(), strict=True):
+def _regret_panels(runs: list[SeedRun], key: str, title: str, path: Path) -> Path:
+    """One panel per tag of ``series[key]``: cumulative regret against t (log x), mean over seeds."""
+    panels = runs[0].series[key]
+    fig, axes = new_figure(1, len(panels), squeeze=False)
+    for ax, (tag, arms) in zip(axes[0], panels.items(), strict=True):
         for name in arms:
             t = arms[name][0]
-            ax.semilogx(t, np.mean([r.series["regret"][tag][name][1] for r in runs], axis=0), label=name)
-        ax.set_title(tag)
+            ax.semilogx(t, np.mean([r.series[key][tag][name][1] for r in runs], axis=0), label=name)
+        ax.set_title(title.format(tag=tag))
         ax.set_xlabel("round t")
     axes[0][0].set_ylabel("cumulative regret")
     axes[0][0].legend(fontsize=7)
-    written.append(save_figure(fig, out_dir / f"{mode}_regret.png"))
+    return save_figure(fig, path)
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Regret against t (log x), mistakes against d with the bound, and the corruption panel (mean over seeds)."""
+    mode = result["mode"]
+    written = [_regret_panels(runs, "regret", "{tag}", out_dir / f"{mode}_regret.png")]
 
     dims = result["config"]["mistake_dims"]
     fig, ax = new_figure()
@@ -157,16 +161,5 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     ax.set_ylabel("mistakes")
     ax.legend(fontsize=7)
     written.append(save_figure(fig, out_dir / f"{mode}_mistakes.png"))
-
-    panels = runs[0].series["corruption"]
-    fig, axes = new_figure(1, len(panels), squeeze=False)
-    for ax, (tag, arms) in zip(axes[0], panels.items(), strict=True):
-        for name in arms:
-            t = arms[name][0]
-            ax.semilogx(t, np.mean([r.series["corruption"][tag][name][1] for r in runs], axis=0), label=name)
-        ax.set_title(f"corruption {tag}")
-        ax.set_xlabel("round t")
-    axes[0][0].set_ylabel("cumulative regret")
-    axes[0][0].legend(fontsize=7)
-    written.append(save_figure(fig, out_dir / f"{mode}_corruption.png"))
+    written.append(_regret_panels(runs, "corruption", "corruption {tag}", out_dir / f"{mode}_corruption.png"))
     return written

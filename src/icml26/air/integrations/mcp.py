@@ -34,6 +34,7 @@ requires("mcp", extra="agents-mcp", purpose="the AIR MCP proxy")
 import mcp.types as types  # noqa: E402
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
 
 STATE_URI = "state://view"
 
@@ -159,7 +160,7 @@ class AIRProxy:
             try:
                 resources = await session.list_resources()
                 self.has_state = any(str(r.uri) == STATE_URI for r in resources.resources)
-            except Exception:
+            except MCPError:                       # the upstream server has no resources capability
                 self.has_state = False
             await self._refresh()
             self.responder.begin(self.user_task)
