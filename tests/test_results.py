@@ -24,9 +24,13 @@ def good_result() -> dict:
     return {
         "slug": "demo", "mode": "quick", "seeds": [0, 1], "config": {"gap": 0.1},
         "arms": {"method": {"acc": summarize([0.8, 0.9])}},
-        "claims": [{"id": "c", "text": "t", "check": "method.acc >= 0.5", "paper": {"value": "1", "where": "T1",
-                    "scale": "s"}, "ours": "method.acc = 0.85", "holds": True, "why": "w"}],
-        "env": {"python": "3.11"}, "wall_s": 1.5, "created": "2026-11-30T00:00:00+00:00",
+        "claims": [{"id": "c", "text": "t", "check": "method.acc >= 0.5 over seeds", "kind": "evidence",
+                    "min_effect_why": "w", "paper": {"value": "1", "where": "T1", "scale": "s"},
+                    "ours": "method.acc = 0.85", "verdict": "holds", "holds": True, "estimate": 0.85,
+                    "interval": [0.53, 1.17], "test": "t", "units": "2 seed(s)", "per_seed": [0.8, 0.9],
+                    "why": "w", "notes": []}],
+        "provenance": {"card_sha256": "0" * 64, "sources": {}},
+        "env": {"python": "3.11"}, "complete": True, "wall_s": 1.5, "created": "2026-11-30T00:00:00+00:00",
     }
 
 
@@ -47,6 +51,34 @@ def test_aggregate_requires_the_same_arms_on_every_seed():
     assert out["a"]["x"]["values"] == [1.0, 3.0] and out["a"]["x"]["mean"] == 2.0
 
 
+def test_units_fill_the_per_seed_value_and_are_stored_per_seed(tmp_path):
+    runs = [SeedRun({"a": {"n": 1.0}}, units={"items": {"a": {"ok": [1, 0, 1, 1]}, "b": {"ok": [0, 0, 1, 1]}}}),
+            SeedRun({"a": {"n": 2.0}}, units={"items": {"a": {"ok": [1, 1, 1, 1]}, "b": {"ok": [0, 1, 0, 0]}}})]
+    assert runs[0].metrics["a"]["ok"] == 0.75 and runs[0].unit_of("b", "ok") == "items"
+    out = aggregate_arms(runs)
+    assert out["a"]["ok"] == {"mean": 0.875, "std": pytest.approx(0.1767767), "values": [0.75, 1.0],
+                              "unit": "items", "unit_values": [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]}
+    assert "unit" not in out["a"]["n"]
+    data = good_result()
+    data["arms"] = out
+    path = write_result(tmp_path / "r.json", data)
+    text = path.read_text()
+    assert "[1.0,0.0,1.0,1.0],\n" in text  # one seed per line
+    assert read_result(path)["arms"] == json.loads(json.dumps(out))
+
+
+def test_units_must_agree_with_given_metrics():
+    with pytest.raises(ValueError, match="is not the mean of its items"):
+        SeedRun({"a": {"ok": 0.5}}, units={"items": {"a": {"ok": [1, 1]}}})
+    with pytest.raises(ValueError, match="unit names"):
+        SeedRun({"a": {"x": 1.0}}, units={"seeds": {"a": {"ok": [1]}}})
+    with pytest.raises(TypeError, match="non-empty list"):
+        SeedRun({"a": {"x": 1.0}}, units={"items": {"a": {"ok": []}}})
+    with pytest.raises(ValueError, match="disagree"):
+        aggregate_arms([SeedRun({}, units={"items": {"a": {"ok": [1.0]}}}),
+                        SeedRun({}, units={"other": {"a": {"ok": [1.0]}}})])
+
+
 @pytest.mark.parametrize("metrics", [{}, {"a": {"x": "high"}}, {"a": {"x": True}}, {"a": [1.0]}])
 def test_seedrun_rejects_bad_metrics(metrics):
     with pytest.raises(TypeError):
@@ -60,9 +92,18 @@ def test_validate_accepts_and_rejects():
         (lambda d: d.update(mode="fast"), "mode must be"),
         (lambda d: d.update(seeds=[]), "seeds"),
         (lambda d: d["arms"]["method"]["acc"].update(values=[1.0]), "one value per seed"),
-        (lambda d: d["arms"]["method"]["acc"].pop("std"), "exactly mean, std, values"),
-        (lambda d: d["claims"][0].update(holds="yes"), "holds must be true or false"),
-        (lambda d: d["claims"][0].pop("why"), "every claim needs keys"),
+        (lambda d: d["arms"]["method"]["acc"].pop("std"), "must have mean, std, values"),
+        (lambda d: d["arms"]["method"]["acc"].update(unit="items"), "must have mean, std, values"),
+        (lambda d: d["arms"]["method"]["acc"].update(unit="items", unit_values=[[1.0]]), "one non-empty list"),
+        (lambda d: d["claims"][0].update(holds="yes"), "holds must equal"),
+        (lambda d: d["claims"][0].update(verdict="inconclusive"), "holds must equal"),
+        (lambda d: d["claims"][0].update(verdict="yes"), "verdict must be one of"),
+        (lambda d: d["claims"][0].update(kind="proof"), "kind must be one of"),
+        (lambda d: d["claims"][0].update(interval=[0.5]), "interval"),
+        (lambda d: d["claims"][0].pop("why"), "missing keys"),
+        (lambda d: d.pop("provenance"), "missing keys"),
+        (lambda d: d.update(provenance={}), "provenance must hold"),
+        (lambda d: d.update(complete="yes"), "complete must be"),
         (lambda d: d.update(wall_s=-1), "wall_s"),
     ]:
         data = good_result()
@@ -106,3 +147,16 @@ def test_read_rejects_garbage(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ResultSchemaError, match="not valid JSON"):
         read_result(tmp_path / "x.json")
+
+
+def test_written_files_get_plain_permissions(tmp_path):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = write_result(tmp_path / "demo" / "quick.json", good_result())
+        icml_io.atomic_write_with(tmp_path / "p.png", lambda tmp: open(tmp, "wb").close())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "p.png").stat().st_mode) == 0o644

@@ -27,8 +27,13 @@ def test_writes_a_valid_result_with_computed_claims(demo, tmp_path):
     assert on_disk["arms"] == result["arms"]
     assert result["seeds"] == [0, 1, 2] and result["config"] == {"gap": 0.1}
     claims = {c["id"]: c for c in result["claims"]}
+    assert claims["gain"]["verdict"] == "holds" and claims["absolute"]["verdict"] == "fails"
     assert claims["gain"]["holds"] is True and claims["absolute"]["holds"] is False
-    assert "a toy cannot reach 0.99" in claims["absolute"]["why"]
+    assert claims["absolute"]["notes"] == ["a toy cannot reach 0.99"]
+    assert claims["runs"]["kind"] == "sanity" and claims["gain"]["kind"] == "evidence"
+    assert claims["items"]["units"] == "240 items (80 per seed x 3 seed(s)), paired"
+    assert result["arms"]["method"]["correct"]["unit"] == "items"
+    assert result["complete"] is True and set(result["provenance"]) == {"card_sha256", "sources"}
     assert claims["gain"]["paper"] == {"value": "+5 points", "where": "Table 1", "scale": "toy"}
     assert result["env"]["python"] and "numpy" in result["env"]["packages"]
     assert calls == [(3, "quick", tmp_path / "res" / "demo")]
@@ -37,12 +42,12 @@ def test_writes_a_valid_result_with_computed_claims(demo, tmp_path):
 def test_claim_fails_when_the_gap_is_too_small(demo, tmp_path):
     result = run_paper(demo, mode="quick", out_dir=tmp_path, experiment=demo_experiment(0.01), show_progress=False)
     gain = next(c for c in result["claims"] if c["id"] == "gain")
-    assert gain["holds"] is False and "0 of 3 seed(s)" in gain["why"]
+    assert gain["verdict"] == "fails" and "upper bound" not in gain["why"] and "lower bound" in gain["why"]
 
 
 def test_modes_restrict_claims(demo, tmp_path):
     result = run_paper(demo, mode="smoke", out_dir=tmp_path, experiment=demo_experiment(), show_progress=False)
-    assert [c["id"] for c in result["claims"]] == ["gain"]  # "absolute" is quick/full only
+    assert [c["id"] for c in result["claims"]] == ["gain", "items", "runs"]  # "absolute" is quick/full only
 
 
 def test_same_seed_same_numbers(demo, tmp_path):

@@ -110,7 +110,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for c in p.claims:
         print(f"- {c.id}{' (headline)' if c.headline else ''}: {c.text}")
         print(f"    paper: {c.paper}")
-        print(f"    check: {c.check.text}   [modes: {', '.join(c.modes)}]")
+        print(f"    check: {c.check.text}   [{c.kind}; modes: {', '.join(c.modes)}]")
+        if c.min_effect_why:
+            print(f"    why this threshold: {c.min_effect_why}")
     print("\nmodes:")
     for m in p.modes.values():
         print(f"  {m.name}: seeds {list(m.seeds)}, budget {m.budget_s:.0f} s")
@@ -153,13 +155,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             failed = True
             continue
         for c in result["claims"]:
-            rows.append([p.slug, c["id"], c["ours"], c["paper"]["value"], "yes" if c["holds"] else "NO",
-                         f"{result['wall_s']:.0f} s"])
+            rows.append([p.slug, c["id"] + (" (sanity)" if c["kind"] == "sanity" else ""), c["ours"],
+                         c["paper"]["value"], c["verdict"], f"{result['wall_s']:.0f} s"])
         print(f"{p.slug}: wrote {args.out / p.slug / (args.mode + '.json')}", file=sys.stderr)
     if rows:
         from .report import markdown_table
 
-        print(markdown_table(["paper", "claim", "ours", "paper's value", "holds?", "time"], rows))
+        print(markdown_table(["paper", "claim", "ours [one-sided 95 % bounds]", "paper's value", "verdict", "time"],
+                             rows))
     return 1 if failed else 0
 
 

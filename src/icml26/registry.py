@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common.claims import Check, parse_check
+from .common.claims import CLAIM_KINDS, Check, parse_check
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("planned", "implemented")
@@ -82,6 +82,10 @@ class Claim:
     check: Check
     modes: tuple[str, ...]
     headline: bool = False
+    kind: str = "evidence"
+    """``evidence`` (counted in the verdict tallies) or ``sanity`` (holds by construction; shown, not counted)"""
+    min_effect_why: str = ""
+    """why the check's threshold is the smallest effect that matters (chosen before the run)"""
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,11 @@ class Paper:
 
     @property
     def headline(self) -> Claim:
-        """The claim shown in the top-level README (the one marked ``headline``, else the first)."""
+        """The claim shown in the top-level README (the one marked ``headline``, else the first evidence claim)."""
         for claim in self.claims:
             if claim.headline:
                 return claim
-        return self.claims[0]
+        return next((c for c in self.claims if c.kind == "evidence"), self.claims[0])
 
     def claims_for(self, mode: str) -> tuple[Claim, ...]:
         """The claims evaluated in ``mode``."""
@@ -230,11 +234,28 @@ def load_card(path: str | Path) -> Paper:
         except ValueError as exc:
             raise CardError(f"{cw}: {exc}") from exc
         claim_modes = _str_list(c, "modes", cw, allowed=tuple(modes)) or tuple(modes)
+        ckind = c.get("kind", "evidence")
+        if ckind not in CLAIM_KINDS:
+            raise CardError(f"{cw}: kind must be one of {list(CLAIM_KINDS)}, got {ckind!r}")
+        why = c.get("min_effect_why", "")
+        if not isinstance(why, str):
+            raise CardError(f"{cw}: min_effect_why must be a string")
+        if ckind == "evidence":
+            if not why.strip():
+                raise CardError(f"{cw}: an evidence claim needs min_effect_why: why its threshold is the "
+                                "smallest effect a user would care about, chosen before the run")
+            neutral = 1.0 if check.combine == "/" else 0.0
+            if check.comparative and not check.equivalence and check.threshold == neutral:
+                raise CardError(f"{cw}: a comparative evidence claim needs a minimum effect; threshold "
+                                f"{check.threshold:g} is no effect (mark it kind = \"sanity\" if it holds by "
+                                "construction)")
         claims.append(Claim(id=cid, text=_req(c, "text", str, cw), metric=_req(c, "metric", str, cw),
                             direction=direction, paper=pv, check=check, modes=claim_modes,
-                            headline=bool(c.get("headline", False))))
+                            headline=bool(c.get("headline", False)), kind=ckind, min_effect_why=why.strip()))
     if sum(c.headline for c in claims) > 1:
         raise CardError(f"{where}: at most one claim may set headline = true")
+    if any(c.headline and c.kind == "sanity" for c in claims):
+        raise CardError(f"{where}: the headline claim must be evidence, not a sanity check")
 
     return Paper(
         number=number, slug=slug, title=_req(data, "title", str, where), short=_req(data, "short", str, where),

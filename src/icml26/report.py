@@ -1,31 +1,41 @@
-"""``icml26 report``: regenerate the README tables from ``results/`` and the paper cards.
+"""``icml26 report``: regenerate the README tables from ``results/`` and verify every stored verdict.
 
 Generated blocks sit between markers and are rewritten idempotently:
 
 - top-level ``README.md``: ``<!-- icml26:index:begin/end -->`` (the nineteen papers and their status) and
-  ``<!-- icml26:results:begin/end -->`` (one row per implemented paper: its headline claim from
-  ``results/<slug>/quick.json``);
+  ``<!-- icml26:results:begin/end -->`` (one row per implemented paper: the headline's verdict with its
+  interval, and how many evidence claims hold / are inconclusive / fail in quick and full mode);
 - each implemented paper's ``src/icml26/<slug>/README.md``: ``<!-- icml26:results:begin/end -->`` (every
-  claim and every arm, for each mode that has a result).
+  claim with its interval and verdict, and every arm, for each mode) and, where the paper has a benchmark,
+  ``<!-- icml26:bench:begin/end -->`` (from ``results/<slug>/bench.json``).
 
-``check=True`` changes nothing and lists what is stale: a table that differs from what the results give, an
-implemented paper without ``quick.json``, a result whose claims no longer match its card.
+``check=True`` changes nothing and lists every problem: a stale table; an implemented paper without
+``quick.json`` or ``full.json``; a result whose means, standard deviations, verdicts, intervals or ``ours``
+text do not follow from its stored values; claims, kinds or seeds that differ from the card; a result from a
+dirty tree, from source files that changed since (named, with the command that regenerates it) or marked
+incomplete; a number typed into a paper README's prose that repeats a measured value.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.claims import describe_stat, summarize_refs
+from .common.claims import VERDICTS, describe_interval, describe_stat
 from .common.io import atomic_write_text
-from .common.results import ResultSchemaError, read_result
+from .common.repro import provenance
+from .common.results import ResultSchemaError, read_result, summarize
 from .registry import Paper, list_papers
 
 REPORT_MODES = ("quick", "full")
+#: relative tolerance when a stored number is compared with its recomputation
+RECOMPUTE_RTOL = 1e-9
+_VERDICT_CELL = {"holds": "holds", "inconclusive": "*inconclusive*", "fails": "**fails**"}
 
 
 class ReportError(RuntimeError):
@@ -58,6 +68,11 @@ def _marker(name: str) -> tuple[str, str]:
     return f"<!-- icml26:{name}:begin -->", f"<!-- icml26:{name}:end -->"
 
 
+def has_block(text: str, name: str) -> bool:
+    begin, end = _marker(name)
+    return begin in text and end in text
+
+
 def replace_block(text: str, name: str, content: str, *, where: str = "file") -> str:
     """Replace what lies between the ``name`` markers in ``text`` with ``content``."""
     begin, end = _marker(name)
@@ -83,31 +98,147 @@ def _result_path(results_dir: Path, slug: str, mode: str) -> Path:
     return results_dir / slug / f"{mode}.json"
 
 
-def _holds(flag: bool) -> str:
-    return "yes" if flag else "**no**"
+def _regen(paper: Paper, mode: str) -> str:
+    return f"`icml26 reproduce {paper.slug} --mode {mode}` from a clean commit"
+
+
+# -- verification ----------------------------------------------------------------------------------------
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        fa, fb = float(a), float(b)
+        if math.isnan(fa) or math.isnan(fb):
+            return math.isnan(fa) and math.isnan(fb)
+        if math.isinf(fa) or math.isinf(fb):
+            return fa == fb
+        return abs(fa - fb) <= RECOMPUTE_RTOL * max(1.0, abs(fa), abs(fb))
+    return a == b
+
+
+def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path | str) -> list[str]:
+    """Everything wrong with a stored result: recomputed numbers, card agreement, provenance.
+
+    Every mean, std, per-unit mean, verdict, estimate, interval, test, units and ``ours`` text is recomputed
+    from the stored values; claims (text, check, kind, minimum-effect reason, paper value) and seeds are
+    compared with the card; the tree the result came from must have been clean and its source files must
+    hash as they do now.
+    """
+    from .runner import claim_entry  # the runner imports this module's helpers lazily; avoid a cycle
+
+    out: list[str] = []
+    regen = _regen(paper, mode)
+    if not data.get("complete", False):
+        out.append(f"{path}: a partial result (complete = false); finish it with {regen}")
+    if list(data["seeds"]) != list(paper.modes[mode].seeds):
+        out.append(f"{path}: seeds {data['seeds']} differ from the card's {list(paper.modes[mode].seeds)}; "
+                   f"rerun {regen}")
+    for arm, metrics in data["arms"].items():
+        for name, stat in metrics.items():
+            fresh = summarize(stat["values"])
+            if not (_close(fresh["mean"], stat["mean"]) and _close(fresh["std"], stat["std"])):
+                out.append(f"{path}: {arm}.{name}: stored mean/std ({stat['mean']}, {stat['std']}) do not "
+                           f"follow from its values ({fresh['mean']}, {fresh['std']})")
+            if "unit_values" in stat:
+                means = [math.fsum(u) / len(u) for u in stat["unit_values"]]
+                if not _close(means, stat["values"]):
+                    out.append(f"{path}: {arm}.{name}: per-seed values are not the means of its {stat['unit']}")
+    card = {c.id: c for c in paper.claims_for(mode)}
+    got = {c["id"]: c for c in data["claims"]}
+    for cid in got.keys() - card.keys():
+        out.append(f"{path}: claim {cid!r} is no longer on the card; rerun {regen}")
+    for cid, claim in card.items():
+        stored = got.get(cid)
+        if stored is None:
+            out.append(f"{path}: card claim {cid!r} is missing; rerun {regen}")
+            continue
+        if stored["check"] != claim.check.text:
+            out.append(f"{path}: claim {cid!r} was decided by an older check ({stored['check']!r}, the card "
+                       f"now says {claim.check.text!r}); rerun {regen}")
+            continue
+        try:
+            fresh = claim_entry(claim, data["arms"], stored.get("notes", []))
+        except (KeyError, ValueError) as exc:
+            out.append(f"{path}: claim {cid!r} cannot be recomputed from the stored arms: {exc.args[0]}")
+            continue
+        differ = [k for k, v in fresh.items() if not _close(v, stored.get(k))]
+        if differ:
+            detail = "; ".join(f"{k}: stored {stored.get(k)!r}, recomputed {fresh[k]!r}" for k in differ[:3])
+            out.append(f"{path}: claim {cid!r} does not follow from the stored values or the card ({detail})")
+    env = data.get("env", {})
+    if env.get("git_dirty"):
+        files = env.get("git_dirty_files") or ["(files not recorded)"]
+        out.append(f"{path}: written from a dirty tree (uncommitted: {', '.join(files[:6])}); rerun {regen}")
+    if env.get("git_sha") is None:
+        out.append(f"{path}: written outside a git checkout (no commit recorded); rerun {regen}")
+    stored_src = data["provenance"]["sources"]
+    now_src = provenance(paper.slug, paper.path, paper.folder.parent)["sources"]
+    changed = sorted(f for f in stored_src.keys() & now_src.keys() if stored_src[f] != now_src[f])
+    added = sorted(now_src.keys() - stored_src.keys())
+    removed = sorted(stored_src.keys() - now_src.keys())
+    if changed or added or removed:
+        parts = [f"{label}: {', '.join(files)}" for label, files in
+                 (("changed", changed), ("new", added), ("removed", removed)) if files]
+        out.append(f"{path}: the source files that made it differ now ({'; '.join(parts)}); rerun {regen}")
+    return out
 
 
 def _load(results_dir: Path, paper: Paper, mode: str, problems: list[str]) -> dict[str, Any] | None:
     path = _result_path(results_dir, paper.slug, mode)
     if not path.is_file():
+        if paper.implemented:
+            problems.append(f"{paper.slug} is implemented but has no {path}; run {_regen(paper, mode)}")
         return None
     try:
         data = read_result(path)
     except ResultSchemaError as exc:
-        problems.append(str(exc))
+        problems.append(f"{exc}; rerun {_regen(paper, mode)}")
         return None
-    card_claims = {c.id: c for c in paper.claims_for(mode)}
-    got = {c["id"]: c for c in data["claims"]}
-    for cid, claim in card_claims.items():
-        if cid not in got:
-            problems.append(f"{path}: card claim {cid!r} is missing; rerun `icml26 reproduce {paper.slug} --mode {mode}`")
-        elif got[cid]["check"] != claim.check.text:
-            problems.append(f"{path}: claim {cid!r} was decided by an older check; rerun `icml26 reproduce {paper.slug} --mode {mode}`")
-    for cid in set(got) - set(card_claims):
-        problems.append(f"{path}: claim {cid!r} is no longer on the card; rerun `icml26 reproduce {paper.slug} --mode {mode}`")
+    problems.extend(verify_result(paper, mode, data, path))
     return data
 
 
+# -- the README numbers check ---------------------------------------------------------------------------
+_NUMBER_RE = re.compile(r"(?<![\w.\-/])(\d+\.\d{2,})(?![\w.]*\d)")
+_FENCE_RE = re.compile(r"```.*?```", re.S)
+_BLOCK_RE = re.compile(r"<!-- icml26:(\w+):begin -->.*?<!-- icml26:\1:end -->", re.S)
+
+
+def _measured_numbers(datas: Iterable[Mapping[str, Any]]) -> set[float]:
+    out: set[float] = set()
+    for data in datas:
+        for metrics in data["arms"].values():
+            for stat in metrics.values():
+                out.update(float(v) for v in (stat["mean"], *stat["values"]))
+        for c in data["claims"]:
+            out.update(float(v) for v in (c["estimate"], *c["interval"], *c["per_seed"]))
+        for row in data.get("rows", []):
+            out.add(float(row["ratio"]))
+    return {v for v in out if math.isfinite(v)}
+
+
+def typed_numbers(text: str, measured: set[float], allowed: Iterable[str] = ()) -> list[str]:
+    """Decimal numbers in Markdown prose (outside generated blocks and code) that repeat a measured value.
+
+    A number with ``d`` decimals is flagged when some measured value rounds to it at ``d`` decimals, unless it
+    appears in ``allowed`` (the paper's own values, hyper-parameters). Such a number goes stale the day the
+    results change: refer to the generated tables instead.
+    """
+    prose = _FENCE_RE.sub("", _BLOCK_RE.sub("", text))
+    allowed_text = " ".join(allowed)
+    flagged = []
+    for m in _NUMBER_RE.finditer(prose):
+        token = m.group(1)
+        if token in allowed_text:
+            continue
+        digits = len(token.split(".")[1])
+        value = float(token)
+        if any(round(v, digits) == value or round(-v, digits) == value for v in measured):
+            flagged.append(token)
+    return list(dict.fromkeys(flagged))
+
+
+# -- rendering -------------------------------------------------------------------------------------------
 def render_index(papers: list[Paper]) -> str:
     """The README index of all papers with their status."""
     rows = []
@@ -118,59 +249,83 @@ def render_index(papers: list[Paper]) -> str:
     return markdown_table(["#", "slug", "paper", "kind", "status"], rows)
 
 
-def render_summary(papers: list[Paper], results_dir: Path, problems: list[str]) -> str:
-    """The README results table: one row per implemented paper, its headline claim in quick mode."""
+def tally(data: Mapping[str, Any] | None) -> str:
+    """``"3 / 1 / 2"``: evidence claims that hold / are inconclusive / fail (sanity checks are not counted)."""
+    if data is None:
+        return "—"
+    counts = dict.fromkeys(VERDICTS, 0)
+    for c in data["claims"]:
+        if c["kind"] == "evidence":
+            counts[c["verdict"]] += 1
+    return " / ".join(str(counts[v]) for v in VERDICTS)
+
+
+def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]]) -> str:
+    """The README results table: per implemented paper, the headline verdict and the evidence tallies."""
     rows = []
     for p in papers:
-        if not p.implemented:
+        if not p.implemented or (p.slug, "quick") not in loaded:
             continue
-        data = _load(results_dir, p, "quick", problems)
-        if data is None:
-            problems.append(f"{p.slug} is implemented but has no valid {_result_path(results_dir, p.slug, 'quick')}; "
-                            f"run `icml26 reproduce {p.slug} --mode quick`")
-            continue
+        quick = loaded[p.slug, "quick"]
+        full = loaded.get((p.slug, "full"))
         claim = p.headline
-        entry = next((c for c in data["claims"] if c["id"] == claim.id), None)
+        entry = next((c for c in quick["claims"] if c["id"] == claim.id), None)
+        full_entry = next((c for c in full["claims"] if c["id"] == claim.id), None) if full else None
         if entry is None:
             continue
-        method, baseline = summarize_refs(claim.check, data["arms"])
-        rows.append([f"[`{p.slug}`](src/icml26/{p.slug}/README.md)", claim.text, baseline or "—", method,
-                     str(claim.paper), _holds(entry["holds"]), f"{data['wall_s']:.0f} s"])
+        rows.append([
+            f"[`{p.slug}`](src/icml26/{p.slug}/README.md)", claim.text, str(claim.paper),
+            f"{claim.check.word} {describe_interval(entry)}", _VERDICT_CELL[entry["verdict"]],
+            _VERDICT_CELL[full_entry["verdict"]] if full_entry else "—",
+            tally(quick), tally(full), f"{quick['wall_s']:.0f} s"])
     if not rows:
         return "_No paper is implemented yet._"
-    header = ["paper", "claim", "baseline (ours)", "method (ours)", "paper's value (where; scale)", "holds?",
-              "quick time"]
+    header = ["paper", "headline claim", "paper's value (where; scale)", "ours, quick [one-sided 95 % bounds]",
+              "quick", "full", "evidence quick: holds / inconclusive / fails", "evidence full", "quick time"]
     return markdown_table(header, rows) + (
-        "\n\nQuick mode, mean ± std over the card's seeds, on this project's 2-core CPU machine. "
-        "`holds?` is computed from each card's check; every claim is in the paper's README."
-    )
+        "\n\nVerdicts come from each card's check: a claim *holds* when its one-sided 95 % confidence bound "
+        "clears the card's minimum effect, *fails* when the other bound falls short of it, and is "
+        "*inconclusive* otherwise (`icml26.common.claims`). Sanity checks (true by construction) are shown in "
+        "the papers' READMEs and not counted. Quick mode on this project's 2-core CPU machine.")
 
 
-def render_paper(paper: Paper, results_dir: Path, problems: list[str]) -> str:
+def render_claims(data: Mapping[str, Any]) -> str:
+    rows = []
+    for c in data["claims"]:
+        rows.append([
+            c["id"] + (" (sanity)" if c["kind"] == "sanity" else ""), c["text"],
+            f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
+            c["ours"], _VERDICT_CELL[c["verdict"]],
+            f"`{c['check']}`: {c['test']}; {c['units']}",
+            c["min_effect_why"] or "—", " ".join(c.get("notes", [])) or ""])
+    return markdown_table(["claim", "statement", "paper", "ours [one-sided 95 % bounds]", "verdict",
+                           "decided by", "why this threshold", "notes"], rows)
+
+
+def render_paper(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
     """A paper README's generated block: claims and arms for each mode with a result."""
     parts: list[str] = []
     for mode in REPORT_MODES:
-        data = _load(results_dir, paper, mode, problems)
+        data = loaded.get((paper.slug, mode))
         if data is None:
             continue
         env = data["env"]
         parts.append(
             f"### {mode} mode — seeds {', '.join(map(str, data['seeds']))}; {data['wall_s']:.0f} s; "
-            f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}"
-        )
-        rows = [[c["id"], c["text"], f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
-                 c["ours"], _holds(c["holds"]), c["why"]] for c in data["claims"]]
-        parts.append(markdown_table(["claim", "statement", "paper", "ours", "holds?", "why"], rows))
+            f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}; evidence holds / inconclusive / "
+            f"fails: {tally(data)}")
+        parts.append(render_claims(data))
         parts.append(render_arms(data["arms"]))
     if not parts:
         return f"_No results yet: run `icml26 reproduce {paper.slug} --mode quick`._"
     return "\n\n".join(parts)
 
 
-def render_arms(arms: dict[str, dict[str, Any]]) -> str:
+def render_arms(arms: Mapping[str, Mapping[str, Any]]) -> str:
     """Every measured value, mean ± std over seeds: one row per metric, one column per arm that has it.
 
-    Metrics measured by disjoint sets of arms go to separate tables, so no table is mostly empty.
+    Metrics measured by disjoint sets of arms go to separate tables, so no table is mostly empty. Metrics
+    with per-unit values name their units.
     """
     groups: dict[tuple[str, ...], list[str]] = {}
     for metric in sorted({m for v in arms.values() for m in v}):
@@ -178,9 +333,48 @@ def render_arms(arms: dict[str, dict[str, Any]]) -> str:
         groups.setdefault(owners, []).append(metric)
     tables = []
     for owners, metrics in groups.items():
-        rows = [[m] + [describe_stat(arms[a][m]) for a in owners] for m in metrics]
+        rows = []
+        for m in metrics:
+            unit = next((arms[a][m]["unit"] for a in owners if "unit" in arms[a][m]), None)
+            label = f"{m} (per {unit[:-1] if unit.endswith('s') else unit})" if unit else m
+            rows.append([label] + [describe_stat(arms[a][m]) for a in owners])
         tables.append(markdown_table(["metric", *owners], rows))
     return "\n\n".join(tables)
+
+
+BENCH_KEYS = ("name", "baseline", "ratio")
+
+
+def read_bench(path: Path) -> dict[str, Any]:
+    """Read and validate ``results/<slug>/bench.json`` (``rows``: name, baseline, ratio, conditions...)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ResultSchemaError(f"{path}: not valid JSON ({exc})") from exc
+    rows = data.get("rows") if isinstance(data, Mapping) else None
+    if not isinstance(rows, list) or not rows:
+        raise ResultSchemaError(f"{path}: needs a non-empty list 'rows'")
+    for row in rows:
+        if not isinstance(row, Mapping) or any(k not in row for k in BENCH_KEYS):
+            raise ResultSchemaError(f"{path}: every row needs {BENCH_KEYS}, got {row!r}")
+        if not isinstance(row["ratio"], (int, float)) or isinstance(row["ratio"], bool):
+            raise ResultSchemaError(f"{path}: row {row['name']!r}: ratio must be a number")
+    return data
+
+
+def render_bench(data: Mapping[str, Any]) -> str:
+    """A paper README's benchmark block from its ``bench.json``."""
+    extra = sorted({k for r in data["rows"] for k in r} - {*BENCH_KEYS, "quantity"})
+    header = ["measured", "quantity", "over", "ratio (lower is better)", *extra]
+    rows = [[r["name"], r.get("quantity", "time"), r["baseline"], f"{float(r['ratio']):.3g}x",
+             *[r.get(k, "") for k in extra]] for r in data["rows"]]
+    env = data.get("env", {})
+    head = (f"`{data.get('command', 'benchmarks/' + str(data.get('slug')) + '.py')}` on {data.get('created', '?')}, "
+            f"{env.get('cpu', 'unknown CPU')}, {env.get('threads', '?')} thread(s), git "
+            f"{str(env.get('git_sha'))[:10]}; every ratio is measured against its baseline in the same run.")
+    if data.get("conditions"):
+        head += f" Conditions: {data['conditions']}"
+    return head + "\n\n" + markdown_table(header, rows)
 
 
 def _update_file(path: Path, blocks: dict[str, str], check: bool, outcome: ReportOutcome) -> None:
@@ -203,7 +397,7 @@ def _update_file(path: Path, blocks: dict[str, str], check: bool, outcome: Repor
 
 def update(root: str | Path | None = None, *, check: bool = False, results_dir: str | Path | None = None,
            papers: list[Paper] | None = None) -> ReportOutcome:
-    """Regenerate every table under ``root`` (or, with ``check``, only list what is stale).
+    """Regenerate every table under ``root`` (or, with ``check``, only list what is stale or wrong).
 
     Args:
         root: project root (default: ``find_root()``).
@@ -216,11 +410,38 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
     papers = list_papers() if papers is None else papers
     outcome = ReportOutcome()
     problems: list[str] = []
-    _update_file(root / "README.md", {"index": render_index(papers),
-                                      "results": render_summary(papers, results, problems)}, check, outcome)
+    loaded: dict[tuple[str, str], dict[str, Any]] = {}
     for p in papers:
-        if p.implemented:
-            block = render_paper(p, results, problems)
-            _update_file(root / "src" / "icml26" / p.slug / "README.md", {"results": block}, check, outcome)
+        if not p.implemented:
+            continue
+        for mode in REPORT_MODES:
+            data = _load(results, p, mode, problems)
+            if data is not None:
+                loaded[p.slug, mode] = data
+    _update_file(root / "README.md", {"index": render_index(papers),
+                                      "results": render_summary(papers, loaded)}, check, outcome)
+    for p in papers:
+        if not p.implemented:
+            continue
+        readme = root / "src" / "icml26" / p.slug / "README.md"
+        blocks = {"results": render_paper(p, loaded)}
+        bench_path = results / p.slug / "bench.json"
+        bench = None
+        if bench_path.is_file():
+            try:
+                bench = read_bench(bench_path)
+                blocks["bench"] = render_bench(bench)
+            except ResultSchemaError as exc:
+                problems.append(str(exc))
+        elif readme.is_file() and has_block(readme.read_text(encoding="utf-8"), "bench"):
+            problems.append(f"{readme} has a benchmark block but {bench_path} is missing; run benchmarks/{p.slug}.py")
+        _update_file(readme, blocks, check, outcome)
+        if readme.is_file():
+            datas = [d for (slug, _), d in loaded.items() if slug == p.slug] + ([bench] if bench else [])
+            allowed = [c.paper.value for c in p.claims] + [c.check.text for c in p.claims]
+            typed = typed_numbers(readme.read_text(encoding="utf-8"), _measured_numbers(datas), allowed)
+            if typed:
+                problems.append(f"{readme}: numbers typed into the prose repeat measured values "
+                                f"({', '.join(typed[:8])}); refer to the generated tables instead")
     outcome.problems.extend(dict.fromkeys(problems))  # de-duplicated, in order
     return outcome

@@ -38,9 +38,9 @@ from typing import Any
 from .common.claims import ours_text
 from .common.optional import install_hint
 from .common.progress import progress
-from .common.repro import environment, seed_everything, set_threads
+from .common.repro import environment, provenance, seed_everything, set_threads
 from .common.results import MODES, SeedRun, aggregate_arms, write_result
-from .registry import Paper, missing_extras
+from .registry import Claim, Paper, missing_extras
 
 
 class ReproduceError(RuntimeError):
@@ -92,6 +92,28 @@ def _jsonable_config(cfg: Any) -> dict[str, Any]:
     return out
 
 
+def claim_entry(claim: Claim, arms: dict[str, Any], notes: Sequence[str] = ()) -> dict[str, Any]:
+    """The result JSON's entry for ``claim`` decided on ``arms`` (what ``icml26 report --check`` recomputes).
+
+    Raises:
+        KeyError, ValueError: the check does not fit the arms (see ``Check.evaluate``).
+    """
+    outcome = claim.check.evaluate(arms)
+    entry = {"id": claim.id, "text": claim.text, "check": claim.check.text, "kind": claim.kind,
+             "min_effect_why": claim.min_effect_why, "paper": claim.paper.as_dict(),
+             "ours": ours_text(claim.check, arms, outcome), **outcome.as_dict()}
+    entry["notes"] = list(notes)
+    return entry
+
+
+def decide_claim(paper: Paper, claim: Claim, arms: dict[str, Any], runs: Sequence[SeedRun]) -> dict[str, Any]:
+    notes = sorted({r.notes[claim.id] for r in runs if claim.id in r.notes})
+    try:
+        return claim_entry(claim, arms, notes)
+    except (KeyError, ValueError) as exc:
+        raise ReproduceError(f"{paper.slug}: claim {claim.id!r}: {exc.args[0]}") from exc
+
+
 def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = None,
               out_dir: str | Path = "results", experiment: ModuleType | None = None,
               show_progress: bool = True) -> dict[str, Any]:
@@ -138,6 +160,7 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
     set_threads(int(getattr(base_cfg, "threads", 1)))
 
     env = environment()                     # the checkout as the run starts (edits made meanwhile do not count)
+    prov = provenance(paper.slug, paper.path, paper.folder.parent)
     t0 = time.perf_counter()
     runs: list[SeedRun] = []
     bar = progress(seeds, desc=f"{paper.slug} {mode}") if show_progress else seeds
@@ -157,23 +180,12 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
         arms = aggregate_arms(runs)
     except ValueError as exc:
         raise ReproduceError(f"{paper.slug}: {exc}") from exc
-    claims = []
-    for claim in paper.claims_for(mode):
-        try:
-            outcome = claim.check.evaluate(arms)
-        except (KeyError, ValueError) as exc:
-            raise ReproduceError(f"{paper.slug}: claim {claim.id!r}: {exc.args[0]}") from exc
-        notes = sorted({r.notes[claim.id] for r in runs if claim.id in r.notes})
-        why = outcome.why + "".join(f". {n}" for n in notes)
-        claims.append({
-            "id": claim.id, "text": claim.text, "check": claim.check.text, "paper": claim.paper.as_dict(),
-            "ours": ours_text(claim.check, arms), "holds": outcome.holds, "why": why,
-        })
+    claims = [decide_claim(paper, claim, arms, runs) for claim in paper.claims_for(mode)]
 
     result = {
         "slug": paper.slug, "mode": mode, "seeds": seeds, "config": _jsonable_config(base_cfg),
-        "arms": arms, "claims": claims, "env": env, "wall_s": round(wall_s, 3),
-        "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+        "arms": arms, "claims": claims, "provenance": prov, "env": env, "complete": True,
+        "wall_s": round(wall_s, 3), "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     }
     target_dir = Path(out_dir) / paper.slug
     write_result(target_dir / f"{mode}.json", result)

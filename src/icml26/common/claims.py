@@ -1,50 +1,87 @@
-"""The check language of the paper cards: when does a claim hold, computed from measured values.
+"""The check language of the paper cards: three verdicts (holds / inconclusive / fails) from confidence bounds.
 
 A card's claim carries a ``check`` string such as::
 
-    gcpa.recall_at_1 - mcca.recall_at_1 >= 0.02 on >= 2 of 3 seeds
-    shampoo_graft.steps_to_target / adamw.steps_to_target < 1.0 on mean
-    fedit.type1_error <= 0.1 on all seeds
+    repo.accuracy - rpo.accuracy >= 0.03 over prompts        # paired difference over test items
+    shampoo.steps / adamw.steps <= 0.9 over seeds            # paired log-ratio over seeds
+    fedit.reject <= 0.07 over replications                   # a rate: Clopper-Pearson on 0/1 outcomes
+    |ps_ppo.accuracy - grpo.accuracy| <= 0.05 over prompts   # equivalence (TOST)
+    sb_xfirst.tree_size / sb_zfirst.tree_size >= 10 exactly  # deterministic arms: one value, no interval
 
 Grammar (whitespace-separated; no code is ever evaluated)::
 
-    check  := expr OP NUMBER [ "on" scope ]
-    expr   := ref | ref "-" ref | ref "/" ref          # absolute, difference, ratio
-    ref    := ARM "." METRIC                           # names: letters, digits, "_"
-    OP     := ">=" | "<=" | ">" | "<"
-    scope  := "mean"                                   # the check on the mean over seeds (default)
-            | "all seeds"                              # the check on every seed
-            | ">=" K "of" N "seeds"                    # on at least ceil(K/N * n_seeds) seeds
+    check   := expr OP NUMBER pairing [ "by" PROCEDURE ]
+    expr    := ref | ref "-" ref | ref "/" ref | "|" ref "-" ref "|"
+    ref     := ARM "." METRIC                          # names: letters, digits, "_"
+    OP      := ">=" | "<=" | ">" | "<"                 # "|a - b|" takes "<=" or "<" only
+    pairing := "over seeds"                            # one paired value per seed
+             | "over" UNIT                             # per-unit values the experiment recorded (prompts, ...)
+             | "exactly"                               # deterministic arms: every seed gave the same value
+    PROCEDURE := "t" | "bootstrap" | "exact"
 
-In a difference or ratio the left ref is the method, the right one the baseline. Per-seed values are paired
-by seed index. A NaN anywhere makes the claim not hold, with the reason.
+In a difference or ratio the left ref is the method, the right one the baseline. Values are paired by seed
+and, ``over UNIT``, by unit index within a seed; units are pooled across seeds.
+
+**The interval.** The compared quantity is the mean of the paired quantities (differences; log-ratios for a
+ratio, shown back on the ratio scale as a geometric-mean ratio; the values themselves for one ref). Its
+one-sided 95 % lower and upper confidence bounds ``[lo, hi]`` (together a two-sided 90 % interval) come from
+
+- ``t``: the paired t interval (default for real-valued data);
+- ``exact`` (default when every value is 0 or 1): Clopper–Pearson for one ref (a rate, e.g. a type-I error),
+  and for a difference of paired 0/1 outcomes the exact conditional interval behind McNemar's test
+  (Clopper–Pearson on the share of discordant pairs that favour the method, scaled by the discordant share);
+- ``bootstrap``: the paired bootstrap, resampling units within each seed (10,000 draws, fixed RNG seed 0,
+  percentile bounds).
+
+Pooled units assume the seeds agree. When the per-seed means of the paired quantity differ beyond what the
+unit-level noise explains (one-way ANOVA F test across seeds, p < 0.05), the interval is the t interval over
+the seed means instead (seed-level variance, G - 1 degrees of freedom), and ``test`` says so.
+
+**The verdict.** For ``>=``/``>``: *holds* when ``lo`` clears the threshold, *fails* when ``hi`` is below it,
+*inconclusive* otherwise (``<=``/``<`` mirrored). For ``|a - b| <= X`` (two one-sided tests): *holds* when
+``[lo, hi]`` lies within ``[-X, X]``, *fails* when it lies wholly outside, *inconclusive* otherwise. ``exactly``
+compares the single value. A NaN or infinite value, fewer than two paired units, or a ratio of non-positive
+values makes the claim *inconclusive*, with the reason.
 
 Example:
-    >>> c = parse_check("a.acc - b.acc >= 0.05 on >= 2 of 3 seeds")
-    >>> arms = {"a": {"acc": {"values": [0.9, 0.8, 0.7]}}, "b": {"acc": {"values": [0.8, 0.8, 0.6]}}}
-    >>> outcome = c.evaluate(arms)
-    >>> outcome.holds, outcome.passed, outcome.needed
-    (True, 2, 2)
+    >>> c = parse_check("a.acc - b.acc >= 0.05 over seeds")
+    >>> arms = {"a": {"acc": {"values": [0.9, 0.85, 0.88]}}, "b": {"acc": {"values": [0.7, 0.72, 0.69]}}}
+    >>> out = c.evaluate(arms)
+    >>> out.verdict, round(out.estimate, 4), out.test
+    ('holds', 0.1733, 'paired t')
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+#: one-sided confidence level of each bound
+CONFIDENCE = 0.95
+#: the F test across seeds below which pooled units give way to seed means
+HETEROGENEITY_ALPHA = 0.05
+#: paired bootstrap draws and its fixed RNG seed (so a verdict recomputes exactly)
+BOOTSTRAP_DRAWS = 10_000
+BOOTSTRAP_SEED = 0
+
+VERDICTS = ("holds", "inconclusive", "fails")
+CLAIM_KINDS = ("evidence", "sanity")
+PROCEDURES = ("t", "bootstrap", "exact")
+
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _REF = rf"(?P<{{g}}arm>{_NAME})\.(?P<{{g}}metric>{_NAME})"
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _CHECK_RE = re.compile(
-    r"^\s*" + _REF.format(g="l") + r"\s*(?:(?P<combine>[-/])\s*" + _REF.format(g="r") + r")?"
-    r"\s*(?P<op>>=|<=|>|<)\s*(?P<threshold>" + _NUMBER + r")"
-    r"(?:\s+on\s+(?P<scope>mean|all\s+seeds|>=\s*(?P<k>\d+)\s+of\s+(?P<n>\d+)\s+seeds))?\s*$"
+    r"^\s*(?P<abs>\|)?\s*" + _REF.format(g="l") + r"\s*(?:(?P<combine>[-/])\s*" + _REF.format(g="r") + r")?"
+    r"\s*(?P<abs2>\|)?\s*(?P<op>>=|<=|>|<)\s*(?P<threshold>" + _NUMBER + r")"
+    r"\s+(?:(?P<exactly>exactly)|over\s+(?P<unit>" + _NAME + r"))"
+    r"(?:\s+by\s+(?P<procedure>" + _NAME + r"))?\s*$"
 )
-_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 
 
 class CheckSyntaxError(ValueError):
@@ -64,105 +101,331 @@ class Ref:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The result of evaluating a check over seeds."""
+    """The decision on one claim."""
 
-    holds: bool
-    """whether the claim holds under its check"""
-    passed: int
-    """seeds (or 1 for ``mean``) on which the comparison held"""
-    needed: int
-    """seeds needed for the claim to hold"""
-    evaluated: int
-    """seeds evaluated (1 for ``mean``)"""
-    value: float
-    """the compared quantity on the mean over seeds (difference, ratio or the value itself)"""
+    verdict: str
+    """``holds``, ``inconclusive`` or ``fails``"""
+    estimate: float
+    """the compared quantity (mean difference, geometric-mean ratio or mean value)"""
+    interval: tuple[float, float]
+    """its one-sided 95 % lower and upper bounds (NaN where no interval could be formed)"""
+    test: str
+    """the procedure that gave the interval"""
+    units: str
+    """what was paired, and how many"""
+    n: int
+    """number of paired units (seeds for ``over seeds``)"""
+    per_seed: tuple[float, ...]
+    """the compared quantity on each seed alone"""
     why: str
-    """one sentence saying what was compared and how it came out"""
+    """one sentence: the quantity, its bounds, the threshold and the verdict"""
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "holds"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields a result JSON stores for a claim."""
+        return {"verdict": self.verdict, "holds": self.holds, "estimate": self.estimate,
+                "interval": list(self.interval), "test": self.test, "units": self.units,
+                "per_seed": list(self.per_seed), "why": self.why}
 
 
 @dataclass(frozen=True)
 class Check:
-    """A parsed check; ``evaluate(arms)`` decides whether the claim holds."""
+    """A parsed check; ``evaluate(arms)`` decides the claim."""
 
     text: str
     method: Ref
     baseline: Ref | None
-    combine: str | None  # "-" or "/" or None
+    combine: str | None  # "-", "/" or None
+    equivalence: bool    # "|a - b| <= X"
     op: str
     threshold: float
-    scope: str  # "mean" | "all" | "k_of_n"
-    k: int = 0
-    n: int = 0
+    pairing: str         # "seeds", a unit name, or "exactly"
+    procedure: str | None = None
 
     @property
     def refs(self) -> tuple[Ref, ...]:
         return (self.method,) if self.baseline is None else (self.method, self.baseline)
 
-    def _quantity(self, a: float, b: float | None) -> float:
-        if self.combine is None:
-            return a
-        assert b is not None
-        if self.combine == "-":
-            return a - b
-        if b == 0.0:
-            return math.inf if a > 0 else (-math.inf if a < 0 else math.nan)
-        return a / b
+    @property
+    def comparative(self) -> bool:
+        """A difference, ratio or equivalence between two arms."""
+        return self.baseline is not None
 
-    def needed_seeds(self, n_seeds: int) -> int:
-        """How many of ``n_seeds`` seeds must pass."""
-        if self.scope == "mean":
-            return 1
-        if self.scope == "all":
-            return n_seeds
-        return max(1, math.ceil(self.k / self.n * n_seeds - 1e-9))
+    @property
+    def deterministic(self) -> bool:
+        return self.pairing == "exactly"
 
-    def evaluate(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Outcome:
-        """Evaluate on ``arms`` (``{arm: {metric: {"values": [...], ...}}}``, as in a result JSON).
+    @property
+    def quantity_name(self) -> str:
+        if self.baseline is None:
+            return str(self.method)
+        if self.equivalence:
+            return f"|{self.method} - {self.baseline}|"
+        return f"{self.method} {self.combine} {self.baseline}"
 
-        Raises:
-            KeyError: an arm or metric the check names was not measured (a card/experiment mismatch).
-            ValueError: the method and baseline were measured on different numbers of seeds.
-        """
-        series: list[list[float]] = []
+    @property
+    def word(self) -> str:
+        """What the estimate is: value, difference or ratio."""
+        return "value" if self.combine is None else ("ratio" if self.combine == "/" else "difference")
+
+    # -- data -------------------------------------------------------------------------------------------
+    def _series(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[list[list[float]]]:
+        """``[ref][seed][unit]`` values; ``over seeds``/``exactly`` give one unit per seed."""
+        out: list[list[list[float]]] = []
+        unit_names = set()
         for ref in self.refs:
             if ref.arm not in arms:
                 raise KeyError(f"check {self.text!r}: arm {ref.arm!r} was not measured (arms: {sorted(arms)})")
             if ref.metric not in arms[ref.arm]:
-                raise KeyError(
-                    f"check {self.text!r}: metric {ref.metric!r} of arm {ref.arm!r} was not measured "
-                    f"(metrics: {sorted(arms[ref.arm])})"
-                )
-            series.append([float(v) for v in arms[ref.arm][ref.metric]["values"]])
-        n_seeds = len(series[0])
-        if any(len(s) != n_seeds for s in series) or n_seeds == 0:
+                raise KeyError(f"check {self.text!r}: metric {ref.metric!r} of arm {ref.arm!r} was not measured "
+                               f"(metrics: {sorted(arms[ref.arm])})")
+            stat = arms[ref.arm][ref.metric]
+            if self.pairing in ("seeds", "exactly"):
+                out.append([[float(v)] for v in stat["values"]])
+                continue
+            if stat.get("unit") != self.pairing or "unit_values" not in stat:
+                raise ValueError(f"check {self.text!r}: {ref} has no per-unit values over {self.pairing!r} "
+                                 f"(recorded unit: {stat.get('unit')!r}); the experiment must record them "
+                                 "(SeedRun.units)")
+            unit_names.add(stat["unit"])
+            out.append([[float(v) for v in seed] for seed in stat["unit_values"]])
+        n_seeds = len(out[0])
+        if n_seeds == 0 or any(len(s) != n_seeds for s in out):
             raise ValueError(f"check {self.text!r}: refs have different or zero numbers of seeds")
-        nan_refs = [str(r) for r, s in zip(self.refs, series, strict=True) if any(math.isnan(v) for v in s)]
-        means = [sum(s) / len(s) for s in series]
-        mean_q = self._quantity(means[0], means[1] if len(means) > 1 else None)
-        cmp = _OPS[self.op]
-        desc = self._describe_quantity()
-        if nan_refs:
-            return Outcome(False, 0, self.needed_seeds(n_seeds), n_seeds, mean_q,
-                           f"does not hold: {', '.join(nan_refs)} has NaN values")
-        if self.scope == "mean":
-            ok = bool(cmp(mean_q, self.threshold))
-            why = (f"{desc} = {_fmt(mean_q)} on the mean over {n_seeds} seed(s); "
-                   f"needs {self.op} {_fmt(self.threshold)}")
-            return Outcome(ok, int(ok), 1, 1, mean_q, why)
-        per_seed = [
-            self._quantity(series[0][i], series[1][i] if len(series) > 1 else None) for i in range(n_seeds)
-        ]
-        passed = sum(bool(cmp(q, self.threshold)) for q in per_seed)
-        needed = self.needed_seeds(n_seeds)
-        ok = passed >= needed
-        why = (f"{desc} {self.op} {_fmt(self.threshold)} on {passed} of {n_seeds} seed(s), needs {needed} "
-               f"(per seed: {', '.join(_fmt(q) for q in per_seed)})")
-        return Outcome(ok, passed, needed, n_seeds, mean_q, why)
+        if len(out) == 2:
+            for i, (a, b) in enumerate(zip(out[0], out[1], strict=True)):
+                if len(a) != len(b):
+                    raise ValueError(f"check {self.text!r}: seed #{i} has {len(a)} units of {self.method} but "
+                                     f"{len(b)} of {self.baseline}; paired units must match")
+        return out
 
-    def _describe_quantity(self) -> str:
-        if self.baseline is None:
-            return str(self.method)
-        return f"{self.method} {self.combine} {self.baseline}"
+    # -- decision ---------------------------------------------------------------------------------------
+    def evaluate(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Outcome:
+        """Decide the claim on ``arms`` (``{arm: {metric: {"values", ["unit", "unit_values"]}}}``, as stored).
+
+        Raises:
+            KeyError: an arm or metric the check names was not measured (a card/experiment mismatch).
+            ValueError: seeds or paired units do not match, per-unit values are missing, or an ``exactly``
+                check sees values that differ between seeds.
+        """
+        series = self._series(arms)
+        n_seeds = len(series[0])
+        units_desc = self._units_desc(series)
+        bad = [str(r) for r, s in zip(self.refs, series, strict=True)
+               if any(not math.isfinite(v) for seed in s for v in seed)]
+        if bad:
+            return self._inconclusive(f"{', '.join(bad)} has NaN or infinite values", units_desc, series)
+        if self.deterministic:
+            return self._exactly(series, units_desc)
+        if self.combine == "/" and any(v <= 0 for s in series for seed in s for v in seed):
+            return self._inconclusive("a ratio needs positive values on both sides", units_desc, series)
+        groups = [np.asarray(self._pair(series, i), dtype=float) for i in range(n_seeds)]
+        n = int(sum(len(g) for g in groups))
+        per_seed = tuple(self._back(float(g.mean())) for g in groups)
+        if n < 2:
+            return self._inconclusive("one paired unit gives no interval", units_desc, series)
+        binary = all(v in (0.0, 1.0) for s in series for seed in s for v in seed)
+        procedure = self.procedure or ("exact" if binary and self.combine != "/" else "t")
+        if procedure == "exact" and not binary:
+            raise ValueError(f"check {self.text!r}: 'by exact' needs 0/1 outcomes")
+        if procedure == "exact" and self.combine == "/":
+            raise ValueError(f"check {self.text!r}: 'by exact' does not apply to a ratio")
+        est, lo, hi, test = _interval(groups, procedure, series if procedure == "exact" else None,
+                                      pooled=self.pairing != "seeds", paired=self.comparative)
+        estimate, lo_b, hi_b = self._back(est), self._back(lo), self._back(hi)
+        verdict = self._verdict(lo, hi)
+        why = (f"{self.quantity_name} = {_fmt(estimate)} with one-sided 95 % bounds [{_fmt(lo_b)}, {_fmt(hi_b)}] "
+               f"({test}, {units_desc}); {self._rule()}: {verdict}")
+        return Outcome(verdict, estimate, (lo_b, hi_b), test, units_desc, n, per_seed, why)
+
+    def _pair(self, series: list[list[list[float]]], seed: int) -> list[float]:
+        a = series[0][seed]
+        if self.combine is None:
+            return list(a)
+        b = series[1][seed]
+        if self.combine == "/":
+            # paired log-ratio: the check compares the geometric-mean ratio with the threshold
+            return [math.log(x / y) for x, y in zip(a, b, strict=True)]
+        return [x - y for x, y in zip(a, b, strict=True)]
+
+    def _back(self, x: float) -> float:
+        return math.exp(x) if self.combine == "/" and math.isfinite(x) else x
+
+    @property
+    def _scale_threshold(self) -> float:
+        return math.log(self.threshold) if self.combine == "/" else self.threshold
+
+    def _verdict(self, lo: float, hi: float) -> str:
+        t = self._scale_threshold
+        if self.equivalence:
+            strict = self.op == "<"
+            inside = (lo > -t and hi < t) if strict else (lo >= -t and hi <= t)
+            outside = (lo >= t or hi <= -t) if strict else (lo > t or hi < -t)
+            return "holds" if inside else ("fails" if outside else "inconclusive")
+        if self.op in (">=", ">"):
+            ok = lo > t if self.op == ">" else lo >= t
+            no = hi <= t if self.op == ">" else hi < t
+        else:
+            ok = hi < t if self.op == "<" else hi <= t
+            no = lo >= t if self.op == "<" else lo > t
+        return "holds" if ok else ("fails" if no else "inconclusive")
+
+    def _rule(self) -> str:
+        if self.equivalence:
+            return f"holds if both bounds lie within ±{_fmt(self.threshold)}"
+        side = "lower" if self.op in (">=", ">") else "upper"
+        return f"holds if the {side} bound is {self.op} {_fmt(self.threshold)}"
+
+    def _exactly(self, series: list[list[list[float]]], units_desc: str) -> Outcome:
+        values = []
+        for ref, s in zip(self.refs, series, strict=True):
+            flat = {v for seed in s for v in seed}
+            if len(flat) != 1:
+                raise ValueError(f"check {self.text!r} is 'exactly' but {ref} differs between seeds: {sorted(flat)}")
+            values.append(flat.pop())
+        if self.combine == "/" and values[1] == 0.0:
+            return self._inconclusive("the ratio's baseline is 0", units_desc, series)
+        if self.combine is None:
+            q = values[0]
+        elif self.combine == "/":
+            q = values[0] / values[1]
+        else:
+            q = values[0] - values[1]
+        scaled = math.log(q) if self.combine == "/" and q > 0 else (-math.inf if self.combine == "/" else q)
+        verdict = self._verdict(scaled, scaled)
+        why = f"{self.quantity_name} = {_fmt(q)} (deterministic); {self._rule()}: {verdict}"
+        return Outcome(verdict, q, (q, q), "exact: deterministic arms", units_desc, 1, (q,), why)
+
+    def _inconclusive(self, reason: str, units_desc: str, series: list[list[list[float]]]) -> Outcome:
+        nan = math.nan
+        return Outcome("inconclusive", nan, (nan, nan), "none", units_desc,
+                       sum(len(seed) for seed in series[0]), tuple(nan for _ in series[0]),
+                       f"inconclusive: {reason}")
+
+    def _units_desc(self, series: list[list[list[float]]]) -> str:
+        n_seeds = len(series[0])
+        if self.deterministic:
+            return f"deterministic, {n_seeds} run(s)"
+        if self.pairing == "seeds":
+            return f"{n_seeds} seed(s)" + (", paired" if self.comparative else "")
+        sizes = [len(s) for s in series[0]]
+        per = f"{sizes[0]} per seed" if len(set(sizes)) == 1 else "/".join(map(str, sizes)) + " per seed"
+        return (f"{sum(sizes)} {self.pairing} ({per} x {n_seeds} seed(s))"
+                + (", paired" if self.comparative else ""))
+
+
+def _interval(groups: list[np.ndarray], procedure: str, series: list[list[list[float]]] | None,
+              *, pooled: bool, paired: bool) -> tuple[float, float, float, str]:
+    """``(estimate, lo, hi, test)`` for the mean of the pooled ``groups`` (one array per seed)."""
+    x = np.concatenate(groups)
+    est = float(x.mean())
+    if pooled:
+        het = _heterogeneity(groups)
+        if het is not None and het[1] < HETEROGENEITY_ALPHA:
+            means = np.array([g.mean() for g in groups])
+            lo, hi = _t_bounds(means)
+            return (float(means.mean()), lo, hi,
+                    f"t over seed means: seeds differ beyond unit noise (F = {het[0]:.3g}, p = {het[1]:.2g})")
+    if procedure == "t":
+        lo, hi = _t_bounds(x)
+        return est, lo, hi, "paired t" if paired else "t"
+    if procedure == "bootstrap":
+        lo, hi = _bootstrap_bounds(groups)
+        return est, lo, hi, (("paired " if paired else "") + f"bootstrap ({BOOTSTRAP_DRAWS} draws within seeds, "
+                             "percentile)")
+    assert series is not None
+    if len(series) == 1:
+        k, n = int(x.sum()), len(x)
+        lo, hi = clopper_pearson(k, n)
+        return est, lo, hi, f"Clopper-Pearson ({k} of {n})"
+    a = np.concatenate([np.asarray(s) for s in series[0]])
+    b = np.concatenate([np.asarray(s) for s in series[1]])
+    lo, hi = mcnemar_interval(int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum()), len(a))
+    return est, lo, hi, (f"exact McNemar conditional ({int(((a == 1) & (b == 0)).sum())} vs "
+                         f"{int(((a == 0) & (b == 1)).sum())} discordant of {len(a)})")
+
+
+def _t_bounds(x: np.ndarray) -> tuple[float, float]:
+    """One-sided ``CONFIDENCE`` t bounds for the mean of ``x`` (the point itself when ``x`` has no spread)."""
+    from scipy import stats
+
+    n = len(x)
+    mean = float(x.mean())
+    if n < 2:
+        return math.nan, math.nan
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        return mean, mean
+    half = float(stats.t.ppf(CONFIDENCE, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def _bootstrap_bounds(groups: list[np.ndarray]) -> tuple[float, float]:
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    total = sum(len(g) for g in groups)
+    sums = np.zeros(BOOTSTRAP_DRAWS)
+    for g in groups:
+        idx = rng.integers(0, len(g), size=(BOOTSTRAP_DRAWS, len(g)))
+        sums += g[idx].sum(axis=1)
+    means = sums / total
+    return float(np.quantile(means, 1 - CONFIDENCE)), float(np.quantile(means, CONFIDENCE))
+
+
+def _heterogeneity(groups: list[np.ndarray]) -> tuple[float, float] | None:
+    """One-way ANOVA ``(F, p)`` across seeds, or ``None`` when it cannot be formed."""
+    from scipy import stats
+
+    if len(groups) < 2 or any(len(g) < 2 for g in groups):
+        return None
+    if all(float(np.ptp(g)) == 0.0 for g in groups):  # no within-seed spread
+        if len({float(g[0]) for g in groups}) == 1:
+            return None
+        return math.inf, 0.0
+    f, p = stats.f_oneway(*groups)
+    return float(f), float(p)
+
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """One-sided Clopper–Pearson bounds ``(lo, hi)`` for a binomial proportion ``k / n``.
+
+    ``lo = Beta_{1-c}(k, n - k + 1)`` (0 when k = 0), ``hi = Beta_c(k + 1, n - k)`` (1 when k = n).
+
+    Example:
+        >>> [round(v, 4) for v in clopper_pearson(0, 20)]
+        [0.0, 0.1391]
+    """
+    from scipy import stats
+
+    if not (isinstance(k, int) and isinstance(n, int)) or n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need integers 0 <= k <= n, n >= 1; got k={k!r}, n={n!r}")
+    lo = 0.0 if k == 0 else float(stats.beta.ppf(1 - confidence, k, n - k + 1))
+    hi = 1.0 if k == n else float(stats.beta.ppf(confidence, k + 1, n - k))
+    return lo, hi
+
+
+def mcnemar_interval(b: int, c: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact conditional bounds for the difference of paired proportions ``(b - c) / n``.
+
+    ``b``: pairs where only the method succeeded, ``c``: only the baseline, ``n``: all pairs. Conditional on
+    the ``b + c`` discordant pairs, ``b ~ Binomial(b + c, theta)`` and the difference is
+    ``(b + c) / n * (2 theta - 1)``; the bounds are Clopper–Pearson's on ``theta``, mapped through that line
+    (at threshold 0 this is McNemar's exact test). With no discordant pair the bounds are 0.
+
+    Example:
+        >>> [round(v, 4) for v in mcnemar_interval(12, 2, 100)]
+        [0.0321, 0.1327]
+    """
+    if not all(isinstance(v, int) for v in (b, c, n)) or min(b, c) < 0 or b + c > n or n < 1:
+        raise ValueError(f"need integers b, c >= 0 with b + c <= n; got b={b!r}, c={c!r}, n={n!r}")
+    nd = b + c
+    if nd == 0:
+        return 0.0, 0.0
+    lo, hi = clopper_pearson(b, nd, confidence)
+    scale = nd / n
+    return scale * (2 * lo - 1), scale * (2 * hi - 1)
 
 
 def _fmt(x: float) -> str:
@@ -178,36 +441,40 @@ def parse_check(text: str) -> Check:
 
     Raises:
         TypeError: ``text`` is not a string.
-        CheckSyntaxError: it does not follow the grammar, or K > N.
+        CheckSyntaxError: it does not follow the grammar, uses an unknown procedure, an equivalence without
+            two refs and ``<=``/``<``, or a ratio threshold that is not positive.
     """
     if not isinstance(text, str):
         raise TypeError(f"check must be a string, got {type(text).__name__}")
     m = _CHECK_RE.match(text)
+    example = "e.g. 'method.acc - baseline.acc >= 0.05 over prompts'"
     if m is None:
-        raise CheckSyntaxError(
-            f"check {text!r} does not parse; expected e.g. "
-            "'method.metric - baseline.metric >= 0.05 on >= 2 of 3 seeds'"
-        )
-    method = Ref(m["larm"], m["lmetric"])
-    baseline = Ref(m["rarm"], m["rmetric"]) if m["combine"] else None
-    scope_text = m["scope"]
-    k = n = 0
-    if scope_text is None or scope_text == "mean":
-        scope = "mean"
-    elif scope_text.startswith("all"):
-        scope = "all"
-    else:
-        scope, k, n = "k_of_n", int(m["k"]), int(m["n"])
-        if n == 0 or k == 0 or k > n:
-            raise CheckSyntaxError(f"check {text!r}: need 1 <= K <= N in '>= K of N seeds'")
-    return Check(text=text.strip(), method=method, baseline=baseline, combine=m["combine"], op=m["op"],
-                 threshold=float(m["threshold"]), scope=scope, k=k, n=n)
+        raise CheckSyntaxError(f"check {text!r} does not parse; expected {example}")
+    equivalence = bool(m["abs"]) or bool(m["abs2"])
+    if equivalence and not (m["abs"] and m["abs2"] and m["combine"] == "-"):
+        raise CheckSyntaxError(f"check {text!r}: an equivalence is written '|a.x - b.x| <= margin'")
+    if equivalence and m["op"] not in ("<=", "<"):
+        raise CheckSyntaxError(f"check {text!r}: an equivalence takes '<=' or '<'")
+    threshold = float(m["threshold"])
+    if m["combine"] == "/" and threshold <= 0:
+        raise CheckSyntaxError(f"check {text!r}: a ratio's threshold must be positive")
+    if equivalence and threshold <= 0:
+        raise CheckSyntaxError(f"check {text!r}: an equivalence margin must be positive")
+    procedure = m["procedure"]
+    if procedure is not None and procedure not in PROCEDURES:
+        raise CheckSyntaxError(f"check {text!r}: procedure {procedure!r} is not one of {list(PROCEDURES)}")
+    if m["exactly"] and procedure is not None:
+        raise CheckSyntaxError(f"check {text!r}: an 'exactly' check takes no procedure")
+    return Check(text=" ".join(text.split()), method=Ref(m["larm"], m["lmetric"]),
+                 baseline=Ref(m["rarm"], m["rmetric"]) if m["combine"] else None, combine=m["combine"],
+                 equivalence=equivalence, op=m["op"], threshold=threshold,
+                 pairing="exactly" if m["exactly"] else m["unit"], procedure=procedure)
 
 
 def describe_stat(stat: Mapping[str, Any], digits: int = 3) -> str:
-    """``"0.812 ± 0.014"`` from a ``{"mean", "std", "values"}`` entry (no ± for a single seed)."""
+    """``"0.812 ± 0.014"`` from a ``{"mean", "std", "values"}`` entry (no ± for one seed or identical seeds)."""
     mean, std, values = float(stat["mean"]), float(stat["std"]), list(stat.get("values", []))
-    if len(values) <= 1:
+    if len(values) <= 1 or len(set(values)) == 1:
         return _sig(mean, digits)
     return f"{_sig(mean, digits)} ± {_sig(std, digits)}"
 
@@ -222,6 +489,19 @@ def _sig(x: float, digits: int) -> str:
     return f"{x:.{digits}g}"
 
 
+def describe_interval(outcome: Outcome | Mapping[str, Any], digits: int = 3) -> str:
+    """``"0.45 [0.41, 0.49]"``: the estimate and its bounds (``"0.45 (exact)"`` for deterministic arms)."""
+    if isinstance(outcome, Outcome):
+        est, (lo, hi), test = outcome.estimate, outcome.interval, outcome.test
+    else:
+        est, (lo, hi), test = outcome["estimate"], outcome["interval"], outcome["test"]
+    if test.startswith("exact: deterministic"):
+        return f"{_sig(est, digits)} (exact)"
+    if any(isinstance(v, float) and math.isnan(v) for v in (est, lo, hi)):
+        return "—"
+    return f"{_sig(est, digits)} [{_sig(lo, digits)}, {_sig(hi, digits)}]"
+
+
 def summarize_refs(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[str, str | None]:
     """``(method, baseline)`` as ``"arm.metric = mean ± std"`` strings (baseline ``None`` for absolute checks)."""
     def one(ref: Ref) -> str:
@@ -230,14 +510,14 @@ def summarize_refs(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, An
     return one(check.method), (one(check.baseline) if check.baseline is not None else None)
 
 
-def ours_text(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
-    """One line for a result's ``ours`` field: the refs' mean ± std and, for two refs, the compared quantity."""
+def ours_text(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]],
+              outcome: Outcome | None = None) -> str:
+    """One line for a result's ``ours`` field: the refs' mean ± std and the compared quantity with its bounds."""
+    outcome = check.evaluate(arms) if outcome is None else outcome
     method, baseline = summarize_refs(check, arms)
     if baseline is None:
-        return method
-    outcome_value = check.evaluate(arms).value
-    word = "difference" if check.combine == "-" else "ratio"
-    return f"{method} vs {baseline} ({word} {_fmt(outcome_value)})"
+        return f"{method}; {check.word} {describe_interval(outcome)}"
+    return f"{method} vs {baseline}; {check.word} {describe_interval(outcome)}"
 
 
 def is_number_list(values: Sequence[Any]) -> bool:

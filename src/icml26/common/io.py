@@ -1,6 +1,7 @@
 """Atomic file writes: a temp file in the target directory, then ``os.replace``.
 
-Nothing half-written is ever left at the target path: a reader sees either the old file or the new one.
+Nothing half-written is ever left at the target path: a reader sees either the old file or the new one. The
+file gets the permissions a plain ``open`` would give (0666 less the umask), not ``mkstemp``'s 0600.
 
 Example:
     >>> import tempfile, pathlib
@@ -18,6 +19,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 @contextlib.contextmanager
@@ -39,6 +46,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -63,6 +71,7 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[str], None
     os.close(fd)
     try:
         writer(tmp)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -10,8 +10,10 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
+import re
 import platform
 import random
 import subprocess
@@ -89,17 +91,88 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: where code lives: a change under these paths (but not to a Markdown file) makes a checkout "dirty"
+CODE_PATHS = ("src", "pyproject.toml")
+
+
 def git_revision(cwd: str | os.PathLike[str] | None = None) -> tuple[str | None, bool | None]:
-    """``(sha, dirty)`` of the git checkout at ``cwd`` (default: this package's source tree), or ``(None, None)``."""
+    """``(sha, dirty)`` of the git checkout at ``cwd`` (default: this package's source tree), or ``(None, None)``.
+
+    ``dirty`` is whether code differs from the commit: a tracked or new file under ``src/`` or
+    ``pyproject.toml`` (Markdown files and ``results/`` do not count; see ``dirty_files``).
+    """
+    sha, files = git_state(cwd)
+    return sha, (None if files is None else bool(files))
+
+
+def git_state(cwd: str | os.PathLike[str] | None = None) -> tuple[str | None, list[str] | None]:
+    """``(sha, dirty_files)``: the commit and the code files that differ from it (``None`` outside git)."""
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS],
+                                cwd=top, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None, None
-    return sha or None, bool(status.strip())
+    files = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
+    return sha or None, sorted(f for f in files if not f.endswith(".md"))
+
+
+#: common modules that only report, draw or write what was measured: they never change a number
+_REPORTING_MODULES = frozenset({"claims", "results", "io", "optional", "plotting", "progress", "__init__"})
+_COMMON_IMPORT = re.compile(r"from\s+(?:\.\.+|icml26\.)common(?:\.(\w+))?\s+import\s+\(?([\w, \n]+)")
+_SIBLING_IMPORT = re.compile(r"from\s+\.(\w+)\s+import")  # inside common/
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_files(slug: str, package_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The files whose content decides a paper's numbers: its folder and the ``common`` modules it imports.
+
+    The paper folder contributes every file but its ``README.md``, its card (recorded on its own) and caches; ``common`` modules follow
+    imports transitively, leaving out those that only report (claims, results, io, plotting, progress,
+    optional), and bring the ``common/data`` files they name.
+    """
+    pkg = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
+    folder = pkg / slug
+    if not folder.is_dir():
+        raise ValueError(f"no paper folder {folder}")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.name not in ("README.md", "paper.toml") and p.suffix not in (".pyc", ".png"))
+    common = pkg / "common"
+    todo = [p for p in files if p.suffix == ".py"]
+    seen: set[str] = set()
+    while todo:
+        path = todo.pop()
+        text = path.read_text(encoding="utf-8")
+        names: set[str] = set()
+        for m in _COMMON_IMPORT.finditer(text):
+            names.update([m.group(1)] if m.group(1) else (n.strip() for n in m.group(2).split(",")))
+        if path.parent == common:
+            names.update(_SIBLING_IMPORT.findall(text))
+        for name in sorted(n for n in names if n):
+            module = common / f"{name}.py"
+            if name in seen or name in _REPORTING_MODULES or not module.is_file():
+                continue
+            seen.add(name)
+            files.append(module)
+            todo.append(module)
+            module_text = module.read_text(encoding="utf-8")
+            files += sorted(d for d in (common / "data").glob("*") if d.is_file() and d.name in module_text)
+    return files
+
+
+def provenance(slug: str, card: str | os.PathLike[str], package_dir: str | os.PathLike[str] | None = None
+               ) -> dict[str, Any]:
+    """``{"card_sha256", "sources": {path relative to the package: sha256}}`` for a paper's result."""
+    pkg = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
+    return {"card_sha256": _sha256(Path(card)),
+            "sources": {p.relative_to(pkg).as_posix(): _sha256(p) for p in source_files(slug, pkg)}}
 
 
 def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
@@ -115,7 +188,7 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
 
 def environment() -> dict[str, Any]:
     """Metadata stored with every result: Python, package versions, git sha, CPU, threads."""
-    sha, dirty = git_revision()
+    sha, dirty_files = git_state()
     threads: int | None = None
     if "torch" in sys.modules:
         threads = int(sys.modules["torch"].get_num_threads())
@@ -130,5 +203,6 @@ def environment() -> dict[str, Any]:
         "torch": versions.get("torch"),
         "packages": versions,
         "git_sha": sha,
-        "git_dirty": dirty,
+        "git_dirty": None if dirty_files is None else bool(dirty_files),
+        "git_dirty_files": dirty_files,
     }

@@ -3,13 +3,17 @@
 ``results/<slug>/<mode>.json`` holds::
 
     {"slug", "mode", "seeds", "config",
-     "arms":   {ARM: {METRIC: {"mean", "std", "values": [...]}}},
-     "claims": [{"id", "text", "check", "paper", "ours", "holds", "why"}],
-     "env":    {python, torch, numpy, packages, git_sha, cpu, threads, ...},
-     "wall_s", "created"}
+     "arms":   {ARM: {METRIC: {"mean", "std", "values": [one per seed],
+                               ["unit": "prompts", "unit_values": [[one per unit] per seed]]}}},
+     "claims": [{"id", "text", "check", "kind", "min_effect_why", "paper", "ours",
+                 "verdict", "holds", "estimate", "interval", "test", "units", "per_seed", "why", "notes"}],
+     "provenance": {"card_sha256", "sources": {path: sha256}},
+     "env":    {python, torch, numpy, packages, git_sha, git_dirty, cpu, threads, ...},
+     "complete", "wall_s", "created"}
 
 Only ``icml26 reproduce`` writes these files. ``std`` is the sample standard deviation (ddof = 1; 0 for one
-seed).
+seed). A metric with per-unit values (``SeedRun.units``) has, on each seed, the mean of its units as value.
+``holds`` is ``verdict == "holds"``, kept for readers of the older format.
 
 Example:
     >>> summarize([1.0, 2.0, 3.0])
@@ -29,11 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .claims import is_number_list
+from .claims import CLAIM_KINDS, VERDICTS, is_number_list
 from .io import atomic_write_text
 
-SCHEMA_KEYS = ("slug", "mode", "seeds", "config", "arms", "claims", "env", "wall_s", "created")
-CLAIM_KEYS = ("id", "text", "check", "paper", "ours", "holds", "why")
+SCHEMA_KEYS = ("slug", "mode", "seeds", "config", "arms", "claims", "provenance", "env", "complete", "wall_s",
+               "created")
+CLAIM_KEYS = ("id", "text", "check", "kind", "min_effect_why", "paper", "ours", "verdict", "holds", "estimate",
+              "interval", "test", "units", "per_seed", "why", "notes")
+#: agreement asked between a seed's metric value and the mean of its per-unit values
+UNIT_MEAN_RTOL = 1e-9
 MODES = ("smoke", "quick", "full")
 
 
@@ -49,15 +57,20 @@ class SeedRun:
         metrics: ``{arm: {metric: float}}``; every arm the card's checks name must be present.
         series: curves or other per-seed data for plots (not written to the JSON).
         notes: ``{claim_id: text}``: the experiment's own remark on a claim (e.g. why it cannot hold at this
-            scale); appended to the claim's ``why``.
+            scale); stored in the claim's ``notes``.
+        units: ``{unit: {arm: {metric: [one value per unit]}}}``: per-unit outcomes (``"prompts"``,
+            ``"episodes"``, ``"replications"``), paired by index across arms, that a check ``over UNIT`` pools
+            across seeds. The metric's per-seed value is the mean of its units; it may be left out of
+            ``metrics`` and is filled in.
     """
 
     metrics: dict[str, dict[str, float]]
     series: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    units: dict[str, dict[str, dict[str, Sequence[float]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.metrics, Mapping) or not self.metrics:
+        if not isinstance(self.metrics, Mapping) or (not self.metrics and not self.units):
             raise TypeError("metrics must be a non-empty dict {arm: {metric: float}}")
         for arm, metrics in self.metrics.items():
             if not isinstance(arm, str) or not isinstance(metrics, Mapping):
@@ -65,6 +78,37 @@ class SeedRun:
             for name, value in metrics.items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise TypeError(f"metrics[{arm!r}][{name!r}] must be a real number, got {value!r}")
+        if not isinstance(self.units, Mapping):
+            raise TypeError("units must be a dict {unit: {arm: {metric: [values]}}}")
+        self.metrics = {arm: dict(ms) for arm, ms in self.metrics.items()}
+        seen: dict[tuple[str, str], str] = {}
+        for unit, by_arm in self.units.items():
+            if not isinstance(unit, str) or not unit.isidentifier() or unit == "seeds":
+                raise ValueError(f"unit names must be identifiers other than 'seeds', got {unit!r}")
+            for arm, metrics in by_arm.items():
+                for name, values in metrics.items():
+                    if (arm, name) in seen:
+                        raise ValueError(f"{arm}.{name} has units {seen[arm, name]!r} and {unit!r}")
+                    seen[arm, name] = unit
+                    vals = [float(v) for v in values]
+                    if not vals or not is_number_list(list(values)):
+                        raise TypeError(f"units[{unit!r}][{arm!r}][{name!r}] must be a non-empty list of numbers")
+                    mean = math.fsum(vals) / len(vals)
+                    given = self.metrics.get(arm, {}).get(name)
+                    if given is not None and not _close(float(given), mean):
+                        raise ValueError(f"metrics[{arm!r}][{name!r}] = {given} is not the mean of its "
+                                         f"{unit} ({mean})")
+                    self.metrics.setdefault(arm, {})[name] = mean
+
+    def unit_of(self, arm: str, metric: str) -> str | None:
+        """The unit name of ``arm.metric``'s per-unit values, or ``None``."""
+        return next((u for u, by_arm in self.units.items() if metric in by_arm.get(arm, {})), None)
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= UNIT_MEAN_RTOL * max(1.0, abs(a), abs(b))
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
@@ -95,7 +139,16 @@ def aggregate_arms(runs: Sequence[SeedRun]) -> dict[str, dict[str, dict[str, Any
             raise ValueError(f"seed run {i} measured different arm/metric pairs: {sorted(other ^ keys)}")
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for arm in runs[0].metrics:
-        out[arm] = {m: summarize([r.metrics[arm][m] for r in runs]) for m in runs[0].metrics[arm]}
+        out[arm] = {}
+        for m in runs[0].metrics[arm]:
+            stat = summarize([r.metrics[arm][m] for r in runs])
+            unit = runs[0].unit_of(arm, m)
+            if any(r.unit_of(arm, m) != unit for r in runs):
+                raise ValueError(f"seeds disagree on the per-unit values of {arm}.{m}")
+            if unit is not None:
+                stat["unit"] = unit
+                stat["unit_values"] = [[float(v) for v in r.units[unit][arm][m]] for r in runs]
+            out[arm][m] = stat
     return out
 
 
@@ -118,20 +171,43 @@ def validate_result(data: Mapping[str, Any]) -> None:
         if not isinstance(metrics, Mapping) or not metrics:
             raise ResultSchemaError(f"arms[{arm!r}] must be a non-empty object")
         for name, stat in metrics.items():
-            if not isinstance(stat, Mapping) or set(stat) != {"mean", "std", "values"}:
-                raise ResultSchemaError(f"arms[{arm!r}][{name!r}] must have exactly mean, std, values")
+            keys = set(stat) if isinstance(stat, Mapping) else set()
+            if keys not in ({"mean", "std", "values"}, {"mean", "std", "values", "unit", "unit_values"}):
+                raise ResultSchemaError(f"arms[{arm!r}][{name!r}] must have mean, std, values "
+                                        "(and unit, unit_values together)")
             if not isinstance(stat["values"], list) or len(stat["values"]) != len(seeds):
                 raise ResultSchemaError(f"arms[{arm!r}][{name!r}].values must have one value per seed")
             if not is_number_list([stat["mean"], stat["std"], *stat["values"]]):
                 raise ResultSchemaError(f"arms[{arm!r}][{name!r}] must hold numbers")
+            if "unit" in stat:
+                uv = stat["unit_values"]
+                if (not isinstance(stat["unit"], str) or not isinstance(uv, list) or len(uv) != len(seeds)
+                        or not all(isinstance(s, list) and s and is_number_list(s) for s in uv)):
+                    raise ResultSchemaError(f"arms[{arm!r}][{name!r}].unit_values must be one non-empty list "
+                                            "of numbers per seed")
     claims = data["claims"]
     if not isinstance(claims, list):
         raise ResultSchemaError("claims must be a list")
     for claim in claims:
         if not isinstance(claim, Mapping) or any(k not in claim for k in CLAIM_KEYS):
-            raise ResultSchemaError(f"every claim needs keys {CLAIM_KEYS}, got {claim!r}")
-        if not isinstance(claim["holds"], bool):
-            raise ResultSchemaError(f"claim {claim['id']!r}: holds must be true or false")
+            missing_keys = [k for k in CLAIM_KEYS if not isinstance(claim, Mapping) or k not in claim]
+            raise ResultSchemaError(f"claim {claim.get('id') if isinstance(claim, Mapping) else claim!r} "
+                                    f"is missing keys {missing_keys}")
+        if claim["verdict"] not in VERDICTS:
+            raise ResultSchemaError(f"claim {claim['id']!r}: verdict must be one of {VERDICTS}")
+        if claim["holds"] is not (claim["verdict"] == "holds"):
+            raise ResultSchemaError(f"claim {claim['id']!r}: holds must equal (verdict == 'holds')")
+        if claim["kind"] not in CLAIM_KINDS:
+            raise ResultSchemaError(f"claim {claim['id']!r}: kind must be one of {CLAIM_KINDS}")
+        if not (isinstance(claim["interval"], list) and len(claim["interval"]) == 2
+                and is_number_list([claim["estimate"], *claim["interval"]])):
+            raise ResultSchemaError(f"claim {claim['id']!r}: estimate and interval [lo, hi] must be numbers")
+    prov = data["provenance"]
+    if not (isinstance(prov, Mapping) and isinstance(prov.get("card_sha256"), str)
+            and isinstance(prov.get("sources"), Mapping)):
+        raise ResultSchemaError("provenance must hold card_sha256 and sources {path: sha256}")
+    if not isinstance(data["complete"], bool):
+        raise ResultSchemaError("complete must be true or false")
     if not isinstance(data["wall_s"], (int, float)) or data["wall_s"] < 0:
         raise ResultSchemaError("wall_s must be a non-negative number")
     if not isinstance(data["env"], Mapping):
@@ -149,8 +225,31 @@ def _json_default(obj: Any) -> Any:
 
 
 def dumps_result(data: Mapping[str, Any]) -> str:
-    """Serialise a result deterministically (sorted keys, 2-space indent, NaN written as ``NaN``)."""
-    return json.dumps(data, indent=2, sort_keys=True, default=_json_default, allow_nan=True) + "\n"
+    """Serialise a result deterministically (sorted keys, 2-space indent, NaN written as ``NaN``).
+
+    Per-unit value lists are written one seed per line, so a result with thousands of units stays readable.
+    """
+    compact: dict[str, str] = {}
+
+    def shrink(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            out = {}
+            for k, v in obj.items():
+                if k == "unit_values" and isinstance(v, list):
+                    key = f"@@unit_values_{len(compact)}@@"
+                    compact[key] = json.dumps(v, default=_json_default, allow_nan=True, separators=(",", ":"))
+                    out[k] = key
+                else:
+                    out[k] = shrink(v)
+            return out
+        if isinstance(obj, (list, tuple)):
+            return [shrink(v) for v in obj]
+        return obj
+
+    text = json.dumps(shrink(data), indent=2, sort_keys=True, default=_json_default, allow_nan=True) + "\n"
+    for key, value in compact.items():
+        text = text.replace(f'"{key}"', value.replace("],[", "],\n        ["), 1)
+    return text
 
 
 def write_result(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
