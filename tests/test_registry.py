@@ -87,7 +87,15 @@ def test_list_patterns():
 @pytest.mark.parametrize("old, new, msg", [
     ('kind = "estimator"', 'kind = "widget"', "kind 'widget' is not one of"),
     ('status = "implemented"', 'status = "done"', "status 'done'"),
-    ('check = "method.acc >= 0.99 on mean"', 'check = "method.acc is big"', "does not parse"),
+    ('check = "method.acc >= 0.99 over seeds"', 'check = "method.acc is big"', "does not parse"),
+    ('check = "method.acc >= 0.99 over seeds"', 'check = "method.acc >= 0.99 on mean"', "does not parse"),
+    ('min_effect_why = "the paper\'s accuracy"\n', "", "needs min_effect_why"),
+    ('check = "method.acc - baseline.acc >= 0.05 over seeds"', 'check = "method.acc - baseline.acc > 0 over seeds"',
+     "needs a minimum effect"),
+    ('check = "method.acc - baseline.acc >= 0.05 over seeds"', 'check = "method.acc / baseline.acc >= 1 over seeds"',
+     "needs a minimum effect"),
+    ('kind = "sanity"', 'kind = "proof"', "kind must be one of"),
+    ('id = "gain"\nheadline = true', 'id = "gain"', None),
     ('id = "absolute"', 'id = "gain"', "duplicate claim id"),
     ('title = "A demo paper"\n', "", "missing field 'title'"),
     ('direction = "higher"\npaper = { value = "0.9"', 'direction = "up"\npaper = { value = "0.9"', "direction"),
@@ -98,9 +106,25 @@ def test_list_patterns():
 ])
 def test_bad_cards_name_file_and_field(tmp_path, old, new, msg):
     assert old in DEMO_CARD
+    if msg is None:  # a valid variation
+        write_demo_card(tmp_path, DEMO_CARD.replace(old, new, 1))
+        return
     with pytest.raises(CardError, match=re.escape(msg)) as err:
         write_demo_card(tmp_path, DEMO_CARD.replace(old, new, 1))
     assert "paper.toml" in str(err.value)
+
+
+def test_sanity_claims_and_headline(tmp_path):
+    demo = write_demo_card(tmp_path)
+    kinds = {c.id: c.kind for c in demo.claims}
+    assert kinds == {"gain": "evidence", "absolute": "evidence", "items": "evidence", "runs": "sanity"}
+    assert demo.headline.id == "gain"
+    # a sanity check may use a zero threshold and needs no reason; it can never be the headline
+    with pytest.raises(CardError, match="headline claim must be evidence"):
+        write_demo_card(tmp_path, DEMO_CARD.replace('id = "gain"\nheadline = true', 'id = "gain"').replace(
+            'id = "runs"\n', 'id = "runs"\nheadline = true\n'))
+    no_headline = write_demo_card(tmp_path, DEMO_CARD.replace('id = "gain"\nheadline = true', 'id = "gain"'))
+    assert no_headline.headline.id == "gain"
 
 
 def test_slug_must_match_folder(tmp_path):

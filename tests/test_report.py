@@ -134,11 +134,12 @@ def test_report_writes_tables_then_is_idempotent(tree):
 def test_check_catches_a_stale_table_and_changes_nothing(tree):
     root, demo = tree
     update(root, papers=[demo])
-    run_paper(demo, mode="quick", seeds=[5, 6, 7], out_dir=root / "results", experiment=demo_experiment(),
+    run_paper(demo, mode="quick", out_dir=root / "results", experiment=demo_experiment(gap=0.01),
               show_progress=False)
     before = (root / "README.md").read_text()
     outcome = update(root, papers=[demo], check=True)
-    assert root / "README.md" in outcome.changed and not outcome.ok
+    assert root / "README.md" in outcome.changed and demo.folder / "README.md" in outcome.changed
+    assert not outcome.ok
     assert (root / "README.md").read_text() == before
 
 

@@ -63,7 +63,7 @@ def test_units_fill_the_per_seed_value_and_are_stored_per_seed(tmp_path):
     data["arms"] = out
     path = write_result(tmp_path / "r.json", data)
     text = path.read_text()
-    assert "[1.0,0.0,1.0,1.0],\n" in text  # one seed per line
+    assert "[1,0,1,1],\n" in text  # one seed per line, whole numbers as ints
     assert read_result(path)["arms"] == json.loads(json.dumps(out))
 
 

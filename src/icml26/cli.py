@@ -1,7 +1,9 @@
 """The ``icml26`` command: ``list | info SLUG | reproduce [SLUG ...] | report [--check]``.
 
 Exit codes: 0 success; 1 a failed run or stale tables (``report --check``); 2 a usage error (unknown slug,
-planned paper, missing extra, bad option).
+planned paper, missing extra or module, bad option); 3 a file-system error (e.g. ``--out`` not writable);
+130 interrupted (Ctrl-C; the seeds that finished are kept in ``<mode>.partial.json``). Failures are one line on
+stderr; ``--debug`` shows the traceback instead.
 
 Example:
     >>> main(["list", "shampoo"])  # doctest: +ELLIPSIS
@@ -15,6 +17,7 @@ import argparse
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +36,16 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+MODES_HELP = """modes:
+  smoke  one seed, a tiny budget: does the pipeline run (seconds); verdicts are mostly inconclusive
+  quick  the card's quick seeds and preset, under 2 minutes a paper on 2 cores: the README's table
+  full   the card's full seeds and preset, under 15 minutes a paper: the committed full results
+Results go to OUT/<slug>/<mode>.json; plots beside them. Run from a clean commit for results to commit."""
+
+#: exit statuses
+EXIT_FAILED, EXIT_USAGE, EXIT_OS, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icml26", description="Working implementations and CPU-scale reproductions of ICML 2026 papers.")
@@ -45,9 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="a paper's card: claims, extras, how to reproduce")
     p_info.add_argument("slug")
 
-    p_rep = sub.add_parser("reproduce", help="run reproductions and write results/<slug>/<mode>.json")
-    p_rep.add_argument("slugs", nargs="*", metavar="SLUG", help="papers to run (default: every implemented one)")
-    p_rep.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    p_rep = sub.add_parser("reproduce", help="run reproductions and write results/<slug>/<mode>.json",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, description=MODES_HELP)
+    p_rep.add_argument("slugs", nargs="*", metavar="SLUG", help="papers to run (or --all)")
+    p_rep.add_argument("--all", action="store_true",
+                       help="every implemented paper whose extras are installed (the others are listed as skipped)")
+    p_rep.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick",
+                       help="smoke (seconds: does it run), quick (default; < 2 min a paper), full (< 15 min a "
+                            "paper); see below")
     p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
     p_rep.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
 
@@ -123,47 +142,108 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .runner import ReproduceError, run_paper
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
+
+def _summary(rows: list[tuple[str, str, str, str]]) -> str:
+    """``paper  claim  verdict  ours`` lines that fit 100 columns."""
+    lines = [f"{'paper':<16} {'claim':<26} {'verdict':<12} estimate [one-sided 95 % bounds]"]
+    for slug, cid, verdict, ours in rows:
+        lines.append(_clip(f"{_clip(slug, 16):<16} {_clip(cid, 26):<26} {verdict:<12} {ours}", 100))
+    return "\n".join(lines)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .common.claims import describe_interval
+    from .runner import check_writable, run_paper
+
+    skipped: list[str] = []
+    if args.slugs and args.all:
+        print("error: give paper slugs or --all, not both", file=sys.stderr)
+        return EXIT_USAGE
     if args.slugs:
         papers = [get_paper(s) for s in args.slugs]  # UnknownPaperError -> exit 2 in main
         planned = [p.slug for p in papers if not p.implemented]
         if planned:
             print(f"error: not implemented yet: {', '.join(planned)} (status: planned; see `icml26 info SLUG`)",
                   file=sys.stderr)
-            return 2
+            return EXIT_USAGE
+        for p in papers:
+            missing = missing_extras(p)
+            if missing:
+                hints = " && ".join(install_hint(e) for e in missing)
+                print(f"error: {p.slug} needs extras {sorted(missing)} that are not installed; run: {hints}",
+                      file=sys.stderr)
+                return EXIT_USAGE
+    elif args.all:
+        papers = []
+        for p in list_papers():
+            missing = missing_extras(p) if p.implemented else {}
+            if not p.implemented:
+                continue
+            if missing:
+                skipped.append(f"{p.slug} (needs {', '.join(install_hint(e) for e in missing)})")
+            else:
+                papers.append(p)
     else:
-        papers = [p for p in list_papers() if p.implemented]
-        if not papers:
-            print("no paper is implemented yet; nothing to reproduce", file=sys.stderr)
-            return 0
-    for p in papers:
-        missing = missing_extras(p)
-        if missing:
-            hints = " && ".join(install_hint(e) for e in missing)
-            print(f"error: {p.slug} needs extras {sorted(missing)} that are not installed; run: {hints}",
-                  file=sys.stderr)
-            return 2
-    rows: list[list[str]] = []
+        print("error: name the papers to reproduce, or --all for every implemented one "
+              "(this overwrites OUT/<slug>/<mode>.json)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_writable(args.out)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_OS
+    rows: list[tuple[str, str, str, str]] = []
     failed = False
     for p in papers:
+        started = time.time()
         try:
             result = run_paper(p, mode=args.mode, seeds=args.seeds, out_dir=args.out)
-        except ReproduceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except KeyboardInterrupt as exc:
+            kept = getattr(exc, "partial_result", None)
+            print(f"\ninterrupted: {p.slug}" + (f"; the seeds that finished are in {kept}" if kept else ""),
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as exc:
+            if args.debug:
+                raise
+            kept = getattr(exc, "partial_result", None)
+            print(f"error: {p.slug}: {_one_line(exc, p)}" + (f" (finished seeds kept in {kept})" if kept else ""),
+                  file=sys.stderr)
+            if isinstance(exc, ImportError):
+                return EXIT_USAGE
+            if isinstance(exc, OSError):
+                return EXIT_OS
             failed = True
             continue
         for c in result["claims"]:
-            rows.append([p.slug, c["id"] + (" (sanity)" if c["kind"] == "sanity" else ""), c["ours"],
-                         c["paper"]["value"], c["verdict"], f"{result['wall_s']:.0f} s"])
-        print(f"{p.slug}: wrote {args.out / p.slug / (args.mode + '.json')}", file=sys.stderr)
+            rows.append((p.slug, c["id"] + (" (sanity)" if c["kind"] == "sanity" else ""), c["verdict"],
+                         f"{describe_interval(c)}"))
+        target = args.out / p.slug
+        print(f"{p.slug}: wrote {target / (args.mode + '.json')}", file=sys.stderr)
+        for plot in sorted(target.glob(f"{args.mode}_*.png")):
+            if plot.stat().st_mtime >= started - 1:
+                print(f"{p.slug}: plot {plot}", file=sys.stderr)
     if rows:
-        from .report import markdown_table
+        print(_summary(rows))
+    if skipped:
+        print("skipped (missing extras): " + "; ".join(skipped), file=sys.stderr)
+    return EXIT_FAILED if failed else 0
 
-        print(markdown_table(["paper", "claim", "ours [one-sided 95 % bounds]", "paper's value", "verdict", "time"],
-                             rows))
-    return 1 if failed else 0
+
+def _one_line(exc: BaseException, paper: Paper) -> str:
+    """A failure as one line: what went wrong, and what to do where we know it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        extras = " or ".join(install_hint(e) for e in paper.extras) or "pip install the missing package"
+        return f"module {exc.name!r} is not installed ({extras})"
+    if isinstance(exc, OSError) and not str(exc).startswith("cannot write"):
+        return f"{type(exc).__name__}: {text}"
+    from .runner import ReproduceError
+
+    return text if isinstance(exc, (ReproduceError, ImportError)) else f"{type(exc).__name__}: {text}"
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -241,7 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except UnknownPaperError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def entry() -> None:

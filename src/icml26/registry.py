@@ -34,7 +34,19 @@ KINDS = (
     "pettingzoo-env", "agent-middleware", "logits-processor", "solver", "online-learner", "constructor",
     "intervention", "attack",
 )
-EXTRAS = ("fl", "hf", "agents", "agents-langchain", "agents-mcp", "agents-dojo", "agents-llm", "audio", "rl", "opt")
+#: the extras of pyproject.toml: ecosystem building blocks, then one per paper (its slug with "-" for "_")
+EXTRAS = (
+    "torch", "fl", "hf", "agents", "agents-langchain", "agents-mcp", "agents-dojo", "agents-llm", "vq", "audio",
+    "rl", "xai", "milp", "bench",
+    "air", "fedit", "audio-watermark", "moda", "shampoo", "branch-and-cut", "gcpa", "xfedalign", "regret-po",
+    "align-ti", "sarl", "float-networks", "inverse-optimization", "coca", "fedtreelora", "spard", "ps-ppo",
+    "vq-rank", "unsafe-moe",
+)
+
+
+def paper_extra(slug: str) -> str:
+    """The pip extra of a paper: ``pip install "icml26[<paper_extra(slug)>]"``."""
+    return slug.replace("_", "-")
 DIRECTIONS = ("higher", "lower")
 
 
@@ -307,20 +319,29 @@ def get_paper(slug: str) -> Paper:
 
 
 def extra_requirements(extra: str) -> list[str]:
-    """Distribution names that ``icml26[extra]`` requires, read from the installed metadata."""
+    """Distribution names that ``icml26[extra]`` requires, read from the installed metadata; extras that
+    name other extras (``icml26[torch]``) are followed."""
     from packaging.requirements import Requirement
 
     try:
-        reqs = importlib.metadata.requires("icml26") or []
+        reqs = [Requirement(raw) for raw in importlib.metadata.requires("icml26") or []]
     except importlib.metadata.PackageNotFoundError:
         return []
     names: list[str] = []
-    for raw in reqs:
-        req = Requirement(raw)
-        if req.marker is None or req.name == "icml26":
+    todo, seen = [extra], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
             continue
-        if req.marker.evaluate({"extra": extra}) and not req.marker.evaluate({"extra": ""}):
-            names.append(req.name)
+        seen.add(current)
+        for req in reqs:
+            if req.marker is None or not req.marker.evaluate({"extra": current}) or req.marker.evaluate(
+                    {"extra": ""}):
+                continue
+            if req.name == "icml26":
+                todo.extend(sorted(req.extras))
+            elif req.name not in names:
+                names.append(req.name)
     return names
 
 

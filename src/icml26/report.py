@@ -207,10 +207,10 @@ _BLOCK_RE = re.compile(r"<!-- icml26:(\w+):begin -->.*?<!-- icml26:\1:end -->", 
 def _measured_numbers(datas: Iterable[Mapping[str, Any]]) -> set[float]:
     out: set[float] = set()
     for data in datas:
-        for metrics in data["arms"].values():
+        for metrics in data.get("arms", {}).values():
             for stat in metrics.values():
                 out.update(float(v) for v in (stat["mean"], *stat["values"]))
-        for c in data["claims"]:
+        for c in data.get("claims", []):
             out.update(float(v) for v in (c["estimate"], *c["interval"], *c["per_seed"]))
         for row in data.get("rows", []):
             out.add(float(row["ratio"]))
@@ -221,7 +221,7 @@ def typed_numbers(text: str, measured: set[float], allowed: Iterable[str] = ()) 
     """Decimal numbers in Markdown prose (outside generated blocks and code) that repeat a measured value.
 
     A number with ``d`` decimals is flagged when some measured value rounds to it at ``d`` decimals, unless it
-    appears in ``allowed`` (the paper's own values, hyper-parameters). Such a number goes stale the day the
+    appears in ``allowed`` (the paper's own values, checks, the run's configuration). Such a number goes stale the day the
     results change: refer to the generated tables instead.
     """
     prose = _FENCE_RE.sub("", _BLOCK_RE.sub("", text))
@@ -362,12 +362,18 @@ def read_bench(path: Path) -> dict[str, Any]:
     return data
 
 
+def _bench_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def render_bench(data: Mapping[str, Any]) -> str:
     """A paper README's benchmark block from its ``bench.json``."""
     extra = sorted({k for r in data["rows"] for k in r} - {*BENCH_KEYS, "quantity"})
     header = ["measured", "quantity", "over", "ratio (lower is better)", *extra]
     rows = [[r["name"], r.get("quantity", "time"), r["baseline"], f"{float(r['ratio']):.3g}x",
-             *[r.get(k, "") for k in extra]] for r in data["rows"]]
+             *[_bench_cell(r.get(k, "")) for k in extra]] for r in data["rows"]]
     env = data.get("env", {})
     head = (f"`{data.get('command', 'benchmarks/' + str(data.get('slug')) + '.py')}` on {data.get('created', '?')}, "
             f"{env.get('cpu', 'unknown CPU')}, {env.get('threads', '?')} thread(s), git "
@@ -438,7 +444,8 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
         _update_file(readme, blocks, check, outcome)
         if readme.is_file():
             datas = [d for (slug, _), d in loaded.items() if slug == p.slug] + ([bench] if bench else [])
-            allowed = [c.paper.value for c in p.claims] + [c.check.text for c in p.claims]
+            allowed = [c.paper.value for c in p.claims] + [c.check.text for c in p.claims] + [
+                json.dumps(d.get("config", {})) for d in datas]
             typed = typed_numbers(readme.read_text(encoding="utf-8"), _measured_numbers(datas), allowed)
             if typed:
                 problems.append(f"{readme}: numbers typed into the prose repeat measured values "

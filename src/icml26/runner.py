@@ -8,9 +8,11 @@ An experiment module ``icml26.<slug>.experiment`` provides:
 - optionally ``plot(runs: list[SeedRun], result: dict, out_dir: Path) -> list[Path]`` writing PNG files
   named ``<mode>_<what>.png`` (``result["mode"]``) so that modes do not overwrite each other.
 
-The runner seeds everything, sets one torch thread (or ``cfg.threads``), runs every seed, aggregates mean ±
-std, evaluates each of the card's claims for this mode with its check, and writes
-``<out>/<slug>/<mode>.json`` atomically. Nothing else writes result files.
+The runner checks that ``<out>/<slug>`` is writable, seeds everything, sets one torch thread (or
+``cfg.threads``), runs every seed, aggregates mean ± std, decides each of the card's claims for this mode with
+its check, and writes ``<out>/<slug>/<mode>.json`` atomically. Nothing else writes result files. When a run
+stops early (an error, Ctrl-C), the seeds that finished are kept in ``<mode>.partial.json`` with
+``"complete": false``, which the report never reads as a result.
 
 Example (a planned paper cannot be reproduced):
     >>> from icml26.registry import list_papers
@@ -24,11 +26,13 @@ Example (a planned paper cannot be reproduced):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import importlib
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +118,37 @@ def decide_claim(paper: Paper, claim: Claim, arms: dict[str, Any], runs: Sequenc
         raise ReproduceError(f"{paper.slug}: claim {claim.id!r}: {exc.args[0]}") from exc
 
 
+def _assemble(paper: Paper, mode: str, seeds: Sequence[int], cfg: Any, runs: Sequence[SeedRun],
+              prov: dict[str, Any], env: dict[str, Any], wall_s: float, *, complete: bool) -> dict[str, Any]:
+    try:
+        arms = aggregate_arms(runs)
+    except ValueError as exc:
+        raise ReproduceError(f"{paper.slug}: {exc}") from exc
+    claims = [decide_claim(paper, claim, arms, runs) for claim in paper.claims_for(mode)]
+    return {
+        "slug": paper.slug, "mode": mode, "seeds": list(seeds), "config": _jsonable_config(cfg),
+        "arms": arms, "claims": claims, "provenance": prov, "env": env, "complete": complete,
+        "wall_s": round(wall_s, 3), "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+    }
+
+
+def check_writable(out_dir: str | Path) -> Path:
+    """Prove that files can be written under ``out_dir`` (a probe file in its nearest existing ancestor,
+    removed at once; nothing is created); raise ``OSError`` naming the directory otherwise."""
+    path = Path(out_dir)
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        if not probe.is_dir():
+            raise NotADirectoryError(20, f"{probe} is not a directory")
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".icml26-write-test."):
+            pass
+    except OSError as exc:
+        raise OSError(f"cannot write results under {path}: {exc.strerror or exc}") from exc
+    return path
+
+
 def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = None,
               out_dir: str | Path = "results", experiment: ModuleType | None = None,
               show_progress: bool = True) -> dict[str, Any]:
@@ -153,6 +188,7 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds!r}")
 
+    check_writable(Path(out_dir) / paper.slug)
     exp = experiment if experiment is not None else load_experiment(paper)
     if experiment is not None:
         check_experiment_module(exp, paper.slug)
@@ -161,34 +197,36 @@ def run_paper(paper: Paper, mode: str = "quick", seeds: Sequence[int] | None = N
 
     env = environment()                     # the checkout as the run starts (edits made meanwhile do not count)
     prov = provenance(paper.slug, paper.path, paper.folder.parent)
+    target_dir = Path(out_dir) / paper.slug
     t0 = time.perf_counter()
     runs: list[SeedRun] = []
     bar = progress(seeds, desc=f"{paper.slug} {mode}") if show_progress else seeds
-    for seed in bar:
-        cfg = dataclasses.replace(base_cfg, seed=seed)
-        seed_everything(seed)
-        run = exp.run(cfg)
-        if not isinstance(run, SeedRun):
-            raise ReproduceError(f"{paper.slug}: experiment.run must return a SeedRun, got {type(run).__name__}")
-        bad = [f"{a}.{m}" for a, ms in run.metrics.items() for m, v in ms.items() if not math.isfinite(v)]
-        if bad:
-            print(f"warning: {paper.slug} seed {seed}: non-finite metrics {bad}", file=sys.stderr)
-        runs.append(run)
-    wall_s = time.perf_counter() - t0
-
     try:
-        arms = aggregate_arms(runs)
-    except ValueError as exc:
-        raise ReproduceError(f"{paper.slug}: {exc}") from exc
-    claims = [decide_claim(paper, claim, arms, runs) for claim in paper.claims_for(mode)]
-
-    result = {
-        "slug": paper.slug, "mode": mode, "seeds": seeds, "config": _jsonable_config(base_cfg),
-        "arms": arms, "claims": claims, "provenance": prov, "env": env, "complete": True,
-        "wall_s": round(wall_s, 3), "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
-    }
-    target_dir = Path(out_dir) / paper.slug
+        for seed in bar:
+            cfg = dataclasses.replace(base_cfg, seed=seed)
+            seed_everything(seed)
+            run = exp.run(cfg)
+            if not isinstance(run, SeedRun):
+                raise ReproduceError(f"{paper.slug}: experiment.run must return a SeedRun, got {type(run).__name__}")
+            bad = [f"{a}.{m}" for a, ms in run.metrics.items() for m, v in ms.items() if not math.isfinite(v)]
+            if bad:
+                print(f"warning: {paper.slug} seed {seed}: non-finite metrics {bad}", file=sys.stderr)
+            runs.append(run)
+    except BaseException as exc:
+        # keep the seeds that finished, in a file the report never reads as a result
+        if runs and not isinstance(exc, ReproduceError):
+            partial = _assemble(paper, mode, seeds[: len(runs)], base_cfg, runs, prov, env,
+                                time.perf_counter() - t0, complete=False)
+            path = target_dir / f"{mode}.partial.json"
+            with contextlib.suppress(OSError, ReproduceError):
+                write_result(path, partial)
+                exc.partial_result = path  # type: ignore[attr-defined]
+        raise
+    wall_s = time.perf_counter() - t0
+    result = _assemble(paper, mode, seeds, base_cfg, runs, prov, env, wall_s, complete=True)
     write_result(target_dir / f"{mode}.json", result)
+    with contextlib.suppress(FileNotFoundError):
+        (target_dir / f"{mode}.partial.json").unlink()
     plot = getattr(exp, "plot", None)
     if callable(plot):
         plot(runs, result, target_dir)

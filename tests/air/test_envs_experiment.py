@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 
 import numpy as np
 import pytest
@@ -11,11 +11,18 @@ import pytest
 pytest.importorskip("lark")
 
 from icml26.air.envs import FAMILIES, EmailEnv, HouseholdEnv, ShellEnv, ToolError, scenarios
-from icml26.air.experiment import PRESETS, run, run_episode
+from icml26.air.experiment import (
+    PRESETS,
+    _scenario_order,
+    episode_units,
+    run,
+    run_agent_type,
+    run_episode,
+)
 from icml26.air.responder import ToolCall
+from icml26.common.results import aggregate_arms
 
-from ..conftest import ROOT
-from ..helpers import reproduce_in_subprocess
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 
 @pytest.mark.parametrize("agent", ["shell", "email", "household"])
@@ -83,8 +90,46 @@ def test_bad_config():
         run(dataclasses.replace(PRESETS["smoke"], arms=("magic",)))
 
 
+def test_episode_units_pair_across_arms_and_average_to_the_metrics():
+    cfg = dataclasses.replace(PRESETS["smoke"], arms=("air", "air_no_recover", "dev_rules", "template_synth"),
+                              agent_types=("shell", "household"))
+    res = run(cfg)
+    # every per-unit list averages to the reported rate (SeedRun checks it too; here against _metrics' numbers)
+    for unit, by_arm in res.units.items():
+        for arm, ms in by_arm.items():
+            for name, values in ms.items():
+                assert set(values) <= {0.0, 1.0}, (unit, arm, name)
+                assert math.fsum(values) / len(values) == pytest.approx(res.metrics[arm][name], abs=1e-12)
+    u = res.units
+    # arms that ran the same scenarios have the same number of units in each paired unit
+    assert len(u["incidents"]["air"]["detection_sr"]) == len(u["incidents"]["air_no_recover"]["detection_sr"])
+    assert len(u["reversible_incidents"]["air"]["remediated"]) == len(
+        u["reversible_incidents"]["air_no_recover"]["remediated"])
+    assert len(u["heldout_incidents"]["template_synth"]["eradication_sr"]) == len(
+        u["heldout_incidents"]["dev_rules"]["eradication_sr"]) == len(u["heldout_incidents"]["air"]["eradication_sr"])
+    # remediated (detected and remediated) equals the detected-only rate where everything is detected
+    assert res.metrics["air"]["detection_sr"] == 1.0
+    assert res.metrics["air"]["remediated"] == pytest.approx(res.metrics["air"]["remediation_sr"])
+    aggregate_arms([res, res])                                     # the per-unit values aggregate over seeds
+
+
+def test_episode_units_follow_the_scenario_order_not_the_run_order():
+    cfg = dataclasses.replace(PRESETS["smoke"], agent_types=("email",))
+    rows, _ = run_agent_type("email", "air", cfg)
+    order = _scenario_order(("email",))
+    shuffled = [rows[i] for i in np.random.default_rng(1).permutation(len(rows))]
+    assert episode_units(shuffled, order) == episode_units(rows, order)
+    ids = sorted((s.id for s, _ in rows if not s.benign), key=order.__getitem__)
+    assert ids == [s.id for s in scenarios("email") if not s.benign and s.id in set(ids)]
+
+
 @pytest.mark.slow
-def test_quick_reproduces_the_committed_conclusions(tmp_path):
+def test_quick_reproduces_the_committed_results(tmp_path):
     data = reproduce_in_subprocess("air", tmp_path, mode="quick")
-    committed = json.loads((ROOT / "results" / "air" / "quick.json").read_text())
-    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
+    # Episode outcomes are integers of a seeded script: identical on any CPU (atol 1e-9). Two exceptions:
+    # overhead_ms is wall-clock time (not compared), and the judge thresholds a float32 MiniLM cosine at 0.2, where
+    # another BLAS may flip a few borderline calls (one episode in 120 moves a rate by 0.008 per seed).
+    metrics = {f"{arm}.overhead_ms": math.inf for arm in data["arms"]}
+    metrics.update({f"judge.{m}": 0.03 for m in data["arms"]["judge"]})
+    metrics["judge.overhead_ms"] = math.inf
+    assert_matches_committed(data, atol=1e-9, metrics=metrics)

@@ -1,31 +1,81 @@
-"""The FedIT reproduction: smoke run through the CLI, determinism; quick run (slow)."""
+"""The FedIT reproduction: smoke run through the CLI, determinism, per-replication bookkeeping; quick run (slow)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 
+import numpy as np
 import pytest
 
-from icml26.fedit.experiment import PRESETS, run
+from icml26.fedit import experiment
+from icml26.fedit.baselines import fisher, stouffer
+from icml26.fedit.data import shared_shifts
+from icml26.fedit.experiment import H0, H1, PRESETS, run
 
-from ..conftest import ROOT
-from ..helpers import reproduce_in_subprocess
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
+
+TINY = dict(h0_reps=3, h1_reps=2, perm_reps=2, n_permutations=10, dp_reps=2)
 
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("fedit", tmp_path, mode="smoke")
-    assert {c["id"] for c in data["claims"]} >= {"validity", "pooled_invalid", "private_validity"}
+    assert {c["id"] for c in data["claims"]} >= {"validity", "validity_monotone", "validity_real", "pooled_invalid",
+                                                 "private_validity", "private_power"}
+    stat = data["arms"]["fedit"]["type1_shifts"]
+    assert stat["unit"] == "replications" and len(stat["unit_values"][0]) == PRESETS["smoke"].h0_reps
+    validity = next(c for c in data["claims"] if c["id"] == "validity")
+    assert validity["test"].startswith("Clopper-Pearson")
     assert (tmp_path / "fedit" / "smoke_level_and_power.png").is_file()
 
 
 def test_same_seed_same_numbers():
-    cfg = dataclasses.replace(PRESETS["smoke"], h0_reps=2, h1_reps=2, perm_reps=1, dp_reps=1, n_permutations=10)
-    assert run(cfg).metrics == run(cfg).metrics
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    a, b = run(cfg), run(cfg)
+    assert a.metrics == b.metrics and a.units == b.units
+
+
+def test_replications_pair_across_methods_and_average_to_the_rates():
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    out = run(cfg)
+    reps = out.units["replications"]
+    lengths = {**dict.fromkeys(H0, cfg.h0_reps), **dict.fromkeys(H1, cfg.h1_reps)}
+    for arm, metrics in reps.items():
+        for metric, values in metrics.items():
+            assert set(values) <= {0.0, 1.0}
+            assert out.metrics[arm][metric] == pytest.approx(np.mean(values), abs=1e-12)
+            if arm in experiment._methods(0):  # every method tested the same replications, in the same order
+                assert len(values) == lengths[metric]
+    assert len(reps["fedit_perm"]["type1_shifts"]) == cfg.perm_reps
+    for arm in ("fedit_large", "fedit_dp_eps8", "fedit_dp_eps1"):
+        assert len(reps[arm]["type1_error"]) == len(reps[arm]["power"]) == cfg.dp_reps
+
+
+def test_privacy_arms_test_the_same_clients(monkeypatch):
+    """One draw of large clients per replication, shared by every privacy arm (the private_power pairs)."""
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    large_draws = []
+
+    def counting(rng, **kw):
+        if kw.get("n") == cfg.dp_n:
+            large_draws.append(kw)
+        return shared_shifts(rng, **kw)
+
+    monkeypatch.setattr(experiment, "shared_shifts", counting)
+    run(cfg)
+    assert len(large_draws) == 2 * cfg.dp_reps  # H0 and H1, not once per arm
+
+
+def test_fisher_and_stouffer_share_the_clients_pvalues_exactly():
+    clients = shared_shifts(np.random.default_rng(3), dep=0.35)
+    pvalues = experiment._pvalues(experiment._methods(0), clients)
+    assert pvalues["fisher"] == fisher(clients)
+    assert pvalues["stouffer"] == stouffer(clients)
 
 
 @pytest.mark.slow
-def test_quick_reproduces_the_committed_conclusions(tmp_path):
+def test_quick_reproduces_the_committed_results(tmp_path):
     data = reproduce_in_subprocess("fedit", tmp_path, mode="quick")
-    committed = json.loads((ROOT / "results" / "fedit" / "quick.json").read_text())
-    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
+    # Every rejection is decided by a p-value against 0.05; another CPU's BLAS can move a p-value lying near 0.05
+    # across the line. 0.02 on a rate averaged over the 3 seeds allows 9 flipped replications of 450 under H0,
+    # 4 of 240 under H1 and 3 of 150 in the privacy arms.
+    assert_matches_committed(data, atol=0.02)

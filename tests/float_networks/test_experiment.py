@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 
+import numpy as np
 import pytest
 import torch
 
 from icml26.float_networks.baselines import SobolevMLP, hermite_relu_network
-from icml26.float_networks.experiment import PRESETS, run, targets
+from icml26.float_networks.experiment import PRESETS, domain, run, targets
 
-from ..conftest import ROOT
-from ..helpers import reproduce_in_subprocess
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 TINY = dataclasses.replace(PRESETS["smoke"], activations=("relu", "tanh"), n_float32=16, sobolev_steps=2)
 
@@ -46,9 +46,32 @@ def test_targets_are_representable_and_include_hard_cases():
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("float_networks", tmp_path, mode="smoke")
-    holds = {c["id"]: c["holds"] for c in data["claims"]}
-    assert holds["relu_exact"] and holds["values_exact"] and holds["phi_reachable_exact"]
+    claims = {c["id"]: c for c in data["claims"]}
+    # every point hit; one seed's 320 points cannot push the Clopper-Pearson bound to 0.999, so not "fails"
+    for cid in ("relu_exact", "values_exact", "phi_reachable_exact"):
+        assert claims[cid]["estimate"] == 1.0 and claims[cid]["verdict"] != "fails"
+        assert claims[cid]["test"].startswith("Clopper-Pearson")
+    assert claims["phi_reachable_exact"]["kind"] == "sanity"
+    assert claims["naive_inexact"]["verdict"] == "holds" and "Agresti-Min" in claims["naive_inexact"]["test"]
     assert (tmp_path / "float_networks" / "smoke_exact_gradients.png").is_file()
+
+
+def test_per_point_outcomes_pair_and_average_to_the_fractions():
+    out = run(TINY)
+    per = out.units["points"]
+    sizes = [len(domain(fmt, TINY.seed, TINY)) for fmt in ("float32", "float16", "bfloat16")]
+    total = sum(sizes)
+    for act in TINY.activations:
+        assert len(per[f"construct_{act}"]["exact_grad"]) == total
+        # format by format: each slice's mean is that format's exact fraction (unreachable targets count as missed)
+        for fmt, lo, n in zip(("float32", "float16", "bfloat16"), np.cumsum([0, *sizes[:-1]]), sizes, strict=True):
+            sl = per[f"construct_{act}"]["exact_grad"][lo:lo + n]
+            assert float(np.mean(sl)) == pytest.approx(out.metrics[f"construct_{act}"][f"grad_{fmt}"], abs=1e-12)
+    assert float(np.mean(per["construct_tanh"]["exact_grad"])) < 1.0   # the hard targets tanh cannot reach
+    assert {len(v) for v in per["constructions"].values()} == {total}
+    # the baselines pair with the ReLU construction point by point on the same 1-D domains
+    assert (len(per["construct_relu"]["exact_value_1d"]) == len(per["sobolev"]["exact_value"])
+            == len(per["naive"]["exact_grad"]) == total)
 
 
 def test_same_seed_same_numbers():
@@ -63,8 +86,34 @@ def test_bad_config():
         run(dataclasses.replace(TINY, activations=("softsign",)))
 
 
+def quick_tolerances(arms: dict) -> dict[str, float]:
+    """Per-metric absolute tolerances on another CPU, and why.
+
+    The constructions rely on torch's CPU kernels (exact saturation, relu'(0) = 0, tanh/sigmoid backward from
+    outputs); another CPU's vectorised kernel variant may saturate at another power of two. The construction
+    scans for it, but hard targets near the format's limits can move between reachable and unreachable: exact
+    and unreachable fractions within 0.01 (a dozen of a seed's 1256 points). What the constructions hit they
+    hit exactly, so their ulp distances and non-finite counts stay 0. The baselines are a float32-trained MLP
+    and an interpolant rounded into the format: their ulp distances depend on summation order (not compared)
+    and the interpolant's overflow count may move by a few dozen of its ~2500. Build times are wall-clock.
+    """
+    tol = {}
+    for arm, metrics in arms.items():
+        construct = arm.startswith("construct") or arm == "constructions"
+        for name in metrics:
+            if name == "build_s":
+                t = math.inf
+            elif name.startswith("max_ulp"):
+                t = 0.0 if construct else math.inf
+            elif name == "nonfinite":
+                t = 0.0 if construct else 50.0
+            else:
+                t = 0.01
+            tol[f"{arm}.{name}"] = t
+    return tol
+
+
 @pytest.mark.slow
-def test_quick_reproduces_the_committed_conclusions(tmp_path):
+def test_quick_reproduces_the_committed_result(tmp_path):
     data = reproduce_in_subprocess("float_networks", tmp_path, mode="quick")
-    committed = json.loads((ROOT / "results" / "float_networks" / "quick.json").read_text())
-    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
+    assert_matches_committed(data, atol=0.01, metrics=quick_tolerances(data["arms"]))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
 from icml26.inverse_optimization.experiment import PRESETS, run
 
-from ..conftest import ROOT
-from ..helpers import reproduce_in_subprocess
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 
 def test_smoke_run_through_the_cli(tmp_path):
@@ -27,7 +25,10 @@ def test_same_seed_same_numbers():
 
 
 @pytest.mark.slow
-def test_quick_reproduces_the_committed_conclusions(tmp_path):
+def test_quick_reproduces_the_committed_result(tmp_path):
     data = reproduce_in_subprocess("inverse_optimization", tmp_path, mode="quick")
-    committed = json.loads((ROOT / "results" / "inverse_optimization" / "quick.json").read_text())
-    assert {c["id"]: c["holds"] for c in data["claims"]} == {c["id"]: c["holds"] for c in committed["claims"]}
+    # Everything is float64 NumPy with seeded generators: mistakes and restarts are counts and must match exactly
+    # in practice; another CPU's BLAS may sum ONS's and OGD's matrix products in another order and change the
+    # last bits of their iterates and of the regrets, but the decisions (argmax over the action sets) are not
+    # near ties, so regrets agree to 1e-6 (relative 1e-9 on the larger ones of the non-robust learner).
+    assert_matches_committed(data, atol=1e-6, rtol=1e-9)

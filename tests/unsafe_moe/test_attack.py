@@ -17,6 +17,7 @@ from icml26.unsafe_moe import (
     RouterController,
     RuleJudge,
     find_routers,
+    random_route_attack,
     random_route_search,
     rosais,
     route_disabling_bans,
@@ -92,6 +93,23 @@ def test_random_route_search_uses_its_budget(mixtral, tok):
         apply_routes(rc, a.routes, len(encode(tok, "how to x.")))
         assert float(target_logprob(mixtral, encode(tok, "how to x."), encode(tok, "sure"))[0]) == pytest.approx(
             a.logprob, abs=1e-5)
+
+
+def test_random_route_attack_follows_fsours_protocol(mixtral, tok):
+    # a default jailbreak is kept, as F-SOUR keeps it: no search, no routes
+    always = random_route_attack(mixtral, tok, "how to x.", "s", n_routes=3, budget=12, attempts=2,
+                                 judge=lambda p, r: 1.0, max_new_tokens=2)
+    assert always.success and always.attempts == 0 and always.routes == {} and always.forwards == 1
+    # otherwise as many judged attempts as asked, splitting the budget; the first attempt is random_route_search's
+    judged = []
+    never = random_route_attack(mixtral, tok, "how to x.", "sure", n_routes=3, budget=12, attempts=3,
+                                judge=lambda p, r: judged.append(r) or 0.0, max_new_tokens=2, seed=5)
+    assert not never.success and never.attempts == 3 and len(judged) == 1 + 3 and never.forwards == 1 + 12
+    first = random_route_search(mixtral, tok, "how to x.", "sure", n_routes=3, budget=4, max_new_tokens=2, seed=5,
+                                judge=lambda p, r: 0.0)
+    assert never.logprob >= first.logprob  # the best of the attempts (or the default) is kept
+    with pytest.raises(ValueError, match="attempts"):
+        random_route_attack(mixtral, tok, "how to x.", "sure", n_routes=1, budget=4, attempts=0)
 
 
 def test_route_disabling_bans_the_over_used_experts(mixtral, tok):

@@ -11,11 +11,18 @@ confusion graph); ``louvain``; ``kmeans`` (k-means on the codebook vectors, same
 partition with the same cluster sizes), all with context width h (0, as the official Moshi command); ``base_h1`` and
 ``hpt_h1`` with h + 1 (the r^(h+1) factor says the cluster gain grows with h; ``gap`` holds hpt - base at both).
 **Metrics**: ``match_rate`` (held-out round trips: token match for
-``base``, cluster match otherwise), median ``neglog10_p`` per attack (suffix ``_<attack>``; none for identity),
-``tpr_at_001`` (watermarked, identity, p < 0.01), ``fpr_at_001`` (unwatermarked, p < 0.01), ``nll`` of the
-watermarked samples under the clean LM (quality proxy; unwatermarked in ``none``), ``n_clusters``,
-``green_share_tokens`` and ``neglog10_p_tokens`` (green share and median -log10 p on the generated tokens themselves,
+``base``, cluster match otherwise; deterministic, the same for every seed), ``neglog10_p`` per attack (suffix
+``_<attack>``; none for identity), ``median_neglog10_p`` (identity; the paper's statistic), ``tpr_at_001`` /
+``_1e4`` / ``_1e6`` (watermarked, identity, p below the level), ``fpr_at_001`` (unwatermarked, p < 0.01), ``nll`` of
+the watermarked samples under the clean LM (quality proxy; unwatermarked in ``none``), ``n_clusters``,
+``green_share_tokens`` and ``neglog10_p_tokens`` (green share and -log10 p on the generated tokens themselves,
 before any audio: the signal the codec can at best preserve) and ``green_share`` (after the identity round trip).
+
+**Units** (``SeedRun.units``): every per-generation quantity is recorded per clip, and the seed's value is the
+mean over clips. ``clips``: the arm's watermarked generations; generation i of every arm is sampled with the same
+seed, so clips pair by index across arms (``gap`` holds the per-clip differences hpt - base at h and h + 1).
+``unwatermarked_clips``: the unwatermarked generations, the same for every arm (``fpr_at_001`` per clip, 0/1, for
+Clopper-Pearson; ``nll`` of ``none``).
 
 Example:
     >>> import dataclasses
@@ -51,7 +58,7 @@ from .clustering import (
     random_partition,
 )
 from .codec import FrameCodec, train_codec
-from .lm import OFFSET, mean_nll, sample, train_token_lm
+from .lm import OFFSET, nll_per_sequence, sample, train_token_lm
 from .watermark import ClusteredKGW
 
 ARMS = ("base", "hpt", "louvain", "kmeans", "random")
@@ -76,7 +83,9 @@ class Config:
     lm_steps: int = 300
     """token LM training steps"""
     n_generations: int = 16
-    """watermarked (and as many unwatermarked) sequences per arm"""
+    """watermarked sequences per arm"""
+    n_unwatermarked: int | None = None
+    """unwatermarked sequences (shared by the arms' false-positive tests); None: as many as ``n_generations``"""
     length: int = 200
     """tokens per sequence (4 s of audio)"""
     gamma: float = 0.25
@@ -97,7 +106,7 @@ class Config:
 PRESETS: dict[str, Config] = {
     "smoke": Config(n_utterances=10, n_music=4, codec_steps=20, lm_steps=20, n_generations=4, length=80,
                     attacks=("identity", "mp3", "codec"), cache=False),
-    "quick": Config(),
+    "quick": Config(n_unwatermarked=64),   # 192 null clips over 3 seeds: enough to bound the FPR at 0.03
     "full": Config(n_utterances=200, n_music=60, codec_steps=1500, lm_steps=1000, n_generations=100,
                    attacks=("identity", "noise", "lowpass", "smooth", "resample", "speed", "crop", "amplitude",
                             "requantise", "mp3", "codec")),
@@ -163,27 +172,36 @@ def _reencode(codec: FrameCodec, other: FrameCodec, tokens: np.ndarray, attack: 
 
 def _arm_metrics(cfg: Config, lm: Any, codec: FrameCodec, other: FrameCodec, cmap: np.ndarray, h: int,
                  held: list[tuple[np.ndarray, np.ndarray]], unmarked_reencoded: list[np.ndarray],
-                 rng: np.random.Generator) -> tuple[dict[str, float], dict[str, list[float]]]:
+                 rng: np.random.Generator) -> tuple[dict[str, float], dict[str, dict[str, list[float]]],
+                                                    dict[str, list[float]]]:
+    """One arm: ``(seed-level metrics, {unit: {metric: per-clip values}}, p-values for the ROC plot)``.
+
+    Units: ``clips`` (the arm's watermarked generations; generation i of every arm is sampled with the same seed,
+    so they pair by index) and ``unwatermarked_clips`` (the same unwatermarked generations for every arm).
+    """
     wm = ClusteredKGW(cmap, gamma=cfg.gamma, delta=cfg.delta, context_width=h, key=15485863 + cfg.seed)
     marked = sample(lm, cfg.n_generations, cfg.length, processor=wm.logits_processor(1, OFFSET), seed=cfg.seed)
     on_tokens = [wm.score(t) for t in marked]
     m: dict[str, float] = {
-        "n_clusters": float(wm.C), "nll": mean_nll(lm, marked),
-        "match_rate": float(np.mean([cluster_match_rate(cmap, a, b) for a, b in held])),
-        "green_share_tokens": float(np.mean([s["n_green"] / max(1.0, s["n_scored"]) for s in on_tokens])),
-        "neglog10_p_tokens": float(np.median([s.get("neglog10_p", 0.0) for s in on_tokens]))}
+        "n_clusters": float(wm.C),
+        "match_rate": float(np.mean([cluster_match_rate(cmap, a, b) for a, b in held]))}
+    clips: dict[str, list[float]] = {
+        "nll": [float(v) for v in nll_per_sequence(lm, marked)],
+        "green_share_tokens": [s["n_green"] / max(1.0, s["n_scored"]) for s in on_tokens],
+        "neglog10_p_tokens": [float(s.get("neglog10_p", 0.0)) for s in on_tokens]}
     for attack in cfg.attacks:
         scores = [wm.score(_reencode(codec, other, t, attack, rng)) for t in marked]
-        logp = [s.get("neglog10_p", 0.0) for s in scores]          # too few scored tokens: no evidence
-        m["neglog10_p" + ("" if attack == "identity" else f"_{attack}")] = float(np.median(logp))
+        logp = [float(s.get("neglog10_p", 0.0)) for s in scores]     # too few scored tokens: no evidence
+        clips["neglog10_p" + ("" if attack == "identity" else f"_{attack}")] = logp
         if attack == "identity":
+            m["median_neglog10_p"] = float(np.median(logp))            # the paper's statistic
             pvals = [s.get("p_value", 1.0) for s in scores]
             for alpha, name in ((1e-2, "001"), (1e-4, "1e4"), (1e-6, "1e6")):   # analytic FPR of the binomial test
-                m[f"tpr_at_{name}"] = float(np.mean(np.array(pvals) < alpha))
-            m["green_share"] = float(np.mean([s["n_green"] / max(1.0, s["n_scored"]) for s in scores]))
+                clips[f"tpr_at_{name}"] = [float(p < alpha) for p in pvals]
+            clips["green_share"] = [s["n_green"] / max(1.0, s["n_scored"]) for s in scores]
     null = [wm.score(t).get("p_value", 1.0) for t in unmarked_reencoded]
-    m["fpr_at_001"] = float(np.mean(np.array(null) < 0.01))
-    return m, {"marked": pvals, "unmarked": null}
+    units = {"clips": clips, "unwatermarked_clips": {"fpr_at_001": [float(p < 0.01) for p in null]}}
+    return m, units, {"marked": pvals, "unmarked": null}
 
 
 def run(cfg: Config) -> SeedRun:
@@ -191,6 +209,9 @@ def run(cfg: Config) -> SeedRun:
     if cfg.n_generations < 1 or cfg.length < 16 or "identity" not in cfg.attacks:
         raise ValueError(f"n_generations >= 1, length >= 16 and an 'identity' attack (the detection without edits) "
                          f"are needed, got {cfg.n_generations}, {cfg.length}, {cfg.attacks}")
+    n_null = cfg.n_generations if cfg.n_unwatermarked is None else cfg.n_unwatermarked
+    if n_null < 1:
+        raise ValueError(f"n_unwatermarked must be >= 1, got {n_null}")
     utt, codec, other, lm = models(cfg)
     maps, conf = cluster_maps(cfg, utt, codec)
     held = []
@@ -198,30 +219,39 @@ def run(cfg: Config) -> SeedRun:
         q = codec.encode(u)
         held.append((q, codec.encode(codec.decode(q))))
     rng = np.random.default_rng([cfg.seed, 3])
-    unmarked = sample(lm, cfg.n_generations, cfg.length, seed=10_000 + cfg.seed)
-    metrics: dict[str, dict[str, float]] = {"none": {"nll": mean_nll(lm, unmarked)}}
+    unmarked = sample(lm, n_null, cfg.length, seed=10_000 + cfg.seed)
+    metrics: dict[str, dict[str, float]] = {}
+    units: dict[str, dict[str, dict[str, list[float]]]] = {
+        "unwatermarked_clips": {"none": {"nll": [float(v) for v in nll_per_sequence(lm, unmarked)]}}}
     unmarked_reencoded = [_reencode(codec, other, t, "identity", rng) for t in unmarked]
     arms = [(arm, maps[arm], cfg.context_width) for arm in ARMS]
     arms += [(f"{arm}_h{cfg.context_width + 1}", maps[arm], cfg.context_width + 1) for arm in ("base", "hpt")]
     pvalues = {}
     for name, cmap, h in progress(arms, desc=f"audio_watermark seed {cfg.seed}"):
-        metrics[name], pvalues[name] = _arm_metrics(cfg, lm, codec, other, cmap, h, held, unmarked_reencoded, rng)
+        metrics[name], arm_units, pvalues[name] = _arm_metrics(cfg, lm, codec, other, cmap, h, held,
+                                                                unmarked_reencoded, rng)
+        for unit, ms in arm_units.items():
+            units.setdefault(unit, {})[name] = ms
     metrics["base"]["token_match_rate_train"] = conf.match_rate()
     deeper = f"_h{cfg.context_width + 1}"
-    # E[z | H1] ~ sqrt(N) (g - gamma) / sqrt(gamma (1 - gamma)) * r^(h+1): the cluster gain should grow with h
-    metrics["gap"] = {"h": metrics["hpt"]["neglog10_p"] - metrics["base"]["neglog10_p"],
-                      "h_plus_1": metrics["hpt" + deeper]["neglog10_p"] - metrics["base" + deeper]["neglog10_p"]}
+    # E[z | H1] ~ sqrt(N) (g - gamma) / sqrt(gamma (1 - gamma)) * r^(h+1): the cluster gain should grow with h.
+    # Per clip i (generation i of every arm shares its sampling seed): hpt - base at h and at h + 1.
+    clip = units["clips"]
+    units["clips"]["gap"] = {
+        "h": [a - b for a, b in zip(clip["hpt"]["neglog10_p"], clip["base"]["neglog10_p"], strict=True)],
+        "h_plus_1": [a - b for a, b in zip(clip["hpt" + deeper]["neglog10_p"], clip["base" + deeper]["neglog10_p"],
+                                           strict=True)]}
     why = (f"where it does not hold: at delta = {cfg.delta} the watermark moves this tiny one-stream LM's "
            f"low-entropy samples little (green_share_tokens and neglog10_p_tokens: the green share and -log10 p on "
            f"the generated tokens before any audio, against gamma = {cfg.gamma}), the toy codec's round trips then "
            f"lose most of it (green_share), and the test sees {cfg.length} tokens of one stream where the paper "
            f"sums 4 Moshi streams; the numbers are in the result JSON")
     notes = {c: why for c in ("detectability", "robust_codec", "robust_mp3", "graph_not_any_partition")}
-    return SeedRun(metrics, series={"config": asdict(cfg), "pvalues": pvalues}, notes=notes)
+    return SeedRun(metrics, series={"config": asdict(cfg), "pvalues": pvalues}, notes=notes, units=units)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Median -log10 p per attack and arm (mean over seeds); ROC of the identity test (seeds pooled)."""
+    """Mean -log10 p per clip, per attack and arm (mean over seeds); ROC of the identity test (seeds pooled)."""
     fig, ax = new_figure(figsize=(9, 3.6))
     arms = [a for a in result["arms"] if a not in ("none", "gap")]
     keys = sorted(k for k in result["arms"]["hpt"] if k.startswith("neglog10_p"))
@@ -232,7 +262,7 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
                label=arm)
     ax.set_xticks(np.arange(len(keys)) + 0.4, [k.replace("neglog10_p", "identity").lstrip("_") or "identity"
                                                  for k in keys], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("median -log10 p")
+    ax.set_ylabel("mean -log10 p per clip")
     ax.legend(fontsize=7)
     paths = [save_figure(fig, out_dir / f"{result['mode']}_detection.png")]
     fig, (nominal, empirical) = new_figure(ncols=2, figsize=(9, 3.6))

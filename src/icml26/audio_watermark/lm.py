@@ -79,3 +79,13 @@ def mean_nll(model: Any, tokens: np.ndarray) -> float:
     """Mean per-token negative log-likelihood of codec token sequences (a quality proxy)."""
     ids = torch.cat([torch.ones(len(tokens), 1, dtype=torch.long), torch.from_numpy(np.asarray(tokens)) + OFFSET], 1)
     return float(model(input_ids=ids, labels=ids).loss)
+
+
+@torch.no_grad()
+def nll_per_sequence(model: Any, tokens: np.ndarray) -> np.ndarray:
+    """(n,) mean per-token negative log-likelihood of each codec token sequence; for sequences of equal length their
+    mean is ``mean_nll`` (up to float32 rounding)."""
+    ids = torch.cat([torch.ones(len(tokens), 1, dtype=torch.long), torch.from_numpy(np.asarray(tokens)) + OFFSET], 1)
+    logp = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, ids[:, 1:, None])[..., 0]
+    return nll.double().mean(1).numpy()

@@ -18,10 +18,13 @@ Families (``families.py``; this project's constructions) and arms, all on the sa
 - **SCIP cross-check**: family A in SCIP (presolve, cuts, heuristics, propagation, conflicts off) branching by the
   same tie rules (``scip_xfirst``, ``scip_zfirst``).
 
-Instances and SB are deterministic (computed once per process); seeds drive the random tie-breaking, the random
-perturbation and the learned model. Metrics: ``tree_size`` at the largest n, ``tree_size_n<k>`` per n, ``growth``
-(geometric mean of the size ratio per +2 variables), ``lp_solves``; the minimum trees up to ``oracle_max_n``, and
-``size_at_oracle_n`` (every arm's size at the largest n the oracle reaches, for comparisons with it).
+Instances, SB, the minimum trees, SCIP and the learned model are deterministic (the arms the claims compare;
+computed once per process), so the card runs one seed and checks them ``exactly``. The two randomised arms,
+``sb_random`` and ``random_scores``, take ``random_draws`` independent draws from the seed's generator and
+record every draw's sizes as per-unit values (unit ``draws``; the table shows their mean). Metrics:
+``tree_size`` at the largest n, ``tree_size_n<k>`` per n, ``growth`` (geometric mean of the size ratio per +2
+variables), ``lp_solves``; the minimum trees up to ``oracle_max_n``, and ``size_at_oracle_n`` (every arm's size
+at the largest n the oracle reaches, for comparisons with it).
 
 Example:
     >>> import dataclasses
@@ -55,7 +58,10 @@ class Config:
     """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
 
     seed: int = 0
-    """seed of the random tie-breaking, the random perturbation and the learned model"""
+    """seed of the random tie-breaking and the random perturbation (also the learned model's random_state, which
+    its fit does not draw on at this data size: no early-stopping split)"""
+    random_draws: int = 5
+    """independent draws of the randomised arms (random tie-breaking, random perturbation) per seed"""
     ns: tuple[int, ...] = (5, 7, 9)
     """sizes of the x block (odd)"""
     oracle_max_n: int = 9
@@ -69,7 +75,7 @@ class Config:
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(ns=(3, 5), oracle_max_n=5, train_ns=(3,)),
+    "smoke": Config(ns=(3, 5), oracle_max_n=5, train_ns=(3,), random_draws=3),
     "quick": Config(),
     "full": Config(ns=(5, 7, 9, 11, 13), oracle_max_n=11),
 }
@@ -160,6 +166,8 @@ def run(cfg: Config) -> SeedRun:
     """One seed: every arm on every n."""
     if not cfg.ns or any(n < 1 or n % 2 == 0 for n in cfg.ns):
         raise ValueError(f"ns must be odd positive sizes, got {cfg.ns}")
+    if cfg.random_draws < 1:
+        raise ValueError(f"random_draws must be >= 1, got {cfg.random_draws}")
     rng = np.random.default_rng([cfg.seed, 6])
     sizes: dict[str, dict[int, float]] = {}
     solves: dict[str, float] = {}
@@ -170,11 +178,15 @@ def run(cfg: Config) -> SeedRun:
             nodes, lps = _deterministic(arm, n, cfg.rhs_eps, cfg.delta)
             sizes.setdefault(arm, {})[n] = nodes
             solves[arm] = lps
-    for n in cfg.ns:
-        sizes.setdefault("sb_random", {})[n] = solve_bnb(tie_breaking_family(n), StrongBranching(
-            tie_break=np.random.default_rng(rng.integers(2**32)))).nodes
-        sizes.setdefault("random_scores", {})[n] = solve_bnb(tie_breaking_family(n), PerturbedPolicy(
-            StrongBranching(tie_break="reverse"), cfg.delta, seed=int(rng.integers(2**32)))).nodes
+    draws: dict[str, list[dict[int, float]]] = {"sb_random": [], "random_scores": []}
+    for _ in range(cfg.random_draws):   # draw 0 is what one seed drew before draws were recorded
+        for arm in draws:
+            draws[arm].append({})
+        for n in cfg.ns:
+            draws["sb_random"][-1][n] = solve_bnb(tie_breaking_family(n), StrongBranching(
+                tie_break=np.random.default_rng(rng.integers(2**32)))).nodes
+            draws["random_scores"][-1][n] = solve_bnb(tie_breaking_family(n), PerturbedPolicy(
+                StrongBranching(tie_break="reverse"), cfg.delta, seed=int(rng.integers(2**32)))).nodes
     for n in cfg.ns:                     # the independent solver: SCIP replays family A's tie rules
         sizes.setdefault("scip_xfirst", {})[n] = _scip(n, "index")
         sizes.setdefault("scip_zfirst", {})[n] = _scip(n, "reverse")
@@ -191,6 +203,11 @@ def run(cfg: Config) -> SeedRun:
     metrics: dict[str, dict[str, float]] = {arm: _series(s) for arm, s in sizes.items()}
     for arm, s in sizes.items():        # the size where the exact oracle still runs: comparable across arms
         metrics[arm]["size_at_oracle_n"] = float(s[max(oracle_ns)])
+    per_draw: dict[str, dict[str, list[float]]] = {}
+    for arm, runs in draws.items():     # every draw's metrics, in draw order (the mean is the arm's value)
+        for s in runs:
+            for name, value in {**_series(s), "size_at_oracle_n": float(s[max(oracle_ns)])}.items():
+                per_draw.setdefault(arm, {}).setdefault(name, []).append(value)
     for arm, lps in solves.items():
         metrics[arm]["lp_solves"] = float(lps)
     metrics["learned"].update(accuracy)
@@ -203,21 +220,23 @@ def run(cfg: Config) -> SeedRun:
         text = (f"compared at n = {max(oracle_ns)}, the largest size the exponential minimum-tree oracle reaches; "
                 f"the SB arms run to n = {max(cfg.ns)}")
         notes = {"learned_policy": text, "sb_suboptimal": text, "rhs_perturbation": text}
-    return SeedRun(metrics, series={"sizes": sizes}, notes=notes)
+    return SeedRun(metrics, series={"sizes": sizes, "draws": draws}, notes=notes, units={"draws": per_draw})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Tree size against n (log scale), per arm, first seed."""
+    """Tree size against n (log scale), per arm, first seed (the randomised arms: the mean over their draws)."""
     fig, axes = new_figure(1, 2, figsize=(10, 3.8))
-    sizes = runs[0].series["sizes"]
+    sizes = dict(runs[0].series["sizes"])
+    for arm, draws in runs[0].series["draws"].items():
+        sizes[f"{arm} (mean of {len(draws)} draws)"] = {n: float(np.mean([d[n] for d in draws])) for n in draws[0]}
     groups = (("A/B/C: branching", ("sb_xfirst", "sb_zfirst", "sb_random", "sb_b", "sb_fixing_b", "learned",
                                     "tree_aware", "min_tree_b", "perturbed_scores", "random_scores")),
               ("D/E: cuts", ("exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")))
     for ax, (title, arms) in zip(axes, groups, strict=True):
         for arm in arms:
-            if arm in sizes:
-                ns = sorted(sizes[arm])
-                ax.plot(ns, [sizes[arm][n] for n in ns], marker="o", label=arm)
+            for key in (k for k in sizes if k == arm or k.startswith(f"{arm} (")):
+                ns = sorted(sizes[key])
+                ax.plot(ns, [sizes[key][n] for n in ns], marker="o", label=key)
         ax.set_yscale("log")
         ax.set_xlabel("n (size of the x block)")
         ax.set_ylabel("B&B nodes")

@@ -171,7 +171,7 @@ class LPOracle:
     """
 
     def __init__(self, milp: MILP):
-        highspy = requires("highspy", extra="opt", purpose="the branch-and-bound LP relaxations")
+        highspy = requires("highspy", extra="branch-and-cut", purpose="the branch-and-bound LP relaxations")
         self.milp = milp
         self.solves = 0
         with _quiet_stdout():

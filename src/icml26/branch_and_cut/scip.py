@@ -33,7 +33,7 @@ def scip_tree_size(milp: MILP, *, tie_break: Any = "index", node_limit: int = 20
     Raises:
         ModuleNotFoundError: pyscipopt is not installed (install the ``opt`` extra).
     """
-    scip = requires("pyscipopt", extra="opt", purpose="the SCIP cross-check")
+    scip = requires("pyscipopt", extra="branch-and-cut", purpose="the SCIP cross-check")
     model = scip.Model()
     model.hideOutput()
     model.setPresolve(scip.SCIP_PARAMSETTING.OFF)

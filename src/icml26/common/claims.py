@@ -17,7 +17,7 @@ Grammar (whitespace-separated; no code is ever evaluated)::
     pairing := "over seeds"                            # one paired value per seed
              | "over" UNIT                             # per-unit values the experiment recorded (prompts, ...)
              | "exactly"                               # deterministic arms: every seed gave the same value
-    PROCEDURE := "t" | "bootstrap" | "exact"
+    PROCEDURE := "t" | "bootstrap" | "binomial"
 
 In a difference or ratio the left ref is the method, the right one the baseline. Values are paired by seed
 and, ``over UNIT``, by unit index within a seed; units are pooled across seeds.
@@ -27,15 +27,18 @@ ratio, shown back on the ratio scale as a geometric-mean ratio; the values thems
 one-sided 95 % lower and upper confidence bounds ``[lo, hi]`` (together a two-sided 90 % interval) come from
 
 - ``t``: the paired t interval (default for real-valued data);
-- ``exact`` (default when every value is 0 or 1): Clopper–Pearson for one ref (a rate, e.g. a type-I error),
-  and for a difference of paired 0/1 outcomes the exact conditional interval behind McNemar's test
-  (Clopper–Pearson on the share of discordant pairs that favour the method, scaled by the discordant share);
+- ``binomial`` (default for per-unit data whose every value is 0 or 1): the exact Clopper–Pearson bounds for
+  one ref (a rate, e.g. a type-I error), and for a difference of paired 0/1 outcomes the Agresti–Min interval
+  for matched proportions (the Wald interval on the 2x2 table with 0.5 added to each cell), which keeps close
+  to its level with few or no discordant pairs, where McNemar's conditional interval collapses to a point;
+  per-seed values that happen to be 0 or 1 get ``t`` unless the check says ``by binomial``;
 - ``bootstrap``: the paired bootstrap, resampling units within each seed (10,000 draws, fixed RNG seed 0,
   percentile bounds).
 
 Pooled units assume the seeds agree. When the per-seed means of the paired quantity differ beyond what the
-unit-level noise explains (one-way ANOVA F test across seeds, p < 0.05), the interval is the t interval over
-the seed means instead (seed-level variance, G - 1 degrees of freedom), and ``test`` says so.
+unit-level noise explains (a one-way F statistic across seeds, its p-value from 2,000 permutations of the seed
+labels with a fixed RNG seed, p < 0.05), the interval is the t interval over the seed means instead
+(seed-level variance, G - 1 degrees of freedom; clipped to the range of 0/1 outcomes), and ``test`` says so.
 
 **The verdict.** For ``>=``/``>``: *holds* when ``lo`` clears the threshold, *fails* when ``hi`` is below it,
 *inconclusive* otherwise (``<=``/``<`` mirrored). For ``|a - b| <= X`` (two one-sided tests): *holds* when
@@ -71,7 +74,7 @@ BOOTSTRAP_SEED = 0
 
 VERDICTS = ("holds", "inconclusive", "fails")
 CLAIM_KINDS = ("evidence", "sanity")
-PROCEDURES = ("t", "bootstrap", "exact")
+PROCEDURES = ("t", "bootstrap", "binomial")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _REF = rf"(?P<{{g}}arm>{_NAME})\.(?P<{{g}}metric>{_NAME})"
@@ -228,13 +231,17 @@ class Check:
         if n < 2:
             return self._inconclusive("one paired unit gives no interval", units_desc, series)
         binary = all(v in (0.0, 1.0) for s in series for seed in s for v in seed)
-        procedure = self.procedure or ("exact" if binary and self.combine != "/" else "t")
-        if procedure == "exact" and not binary:
-            raise ValueError(f"check {self.text!r}: 'by exact' needs 0/1 outcomes")
-        if procedure == "exact" and self.combine == "/":
-            raise ValueError(f"check {self.text!r}: 'by exact' does not apply to a ratio")
-        est, lo, hi, test = _interval(groups, procedure, series if procedure == "exact" else None,
+        unit_level = self.pairing != "seeds"
+        procedure = self.procedure or ("binomial" if binary and unit_level and self.combine != "/" else "t")
+        if procedure == "binomial" and not binary:
+            raise ValueError(f"check {self.text!r}: 'by binomial' needs 0/1 outcomes")
+        if procedure == "binomial" and self.combine == "/":
+            raise ValueError(f"check {self.text!r}: 'by binomial' does not apply to a ratio")
+        est, lo, hi, test = _interval(groups, procedure, series if procedure == "binomial" else None,
                                       pooled=self.pairing != "seeds", paired=self.comparative)
+        if procedure == "binomial":  # a t interval over seed means can leave the outcomes' range
+            floor = -1.0 if self.comparative else 0.0
+            lo, hi = min(max(lo, floor), 1.0), min(max(hi, floor), 1.0)
         estimate, lo_b, hi_b = self._back(est), self._back(lo), self._back(hi)
         verdict = self._verdict(lo, hi)
         why = (f"{self.quantity_name} = {_fmt(estimate)} with one-sided 95 % bounds [{_fmt(lo_b)}, {_fmt(hi_b)}] "
@@ -328,7 +335,8 @@ def _interval(groups: list[np.ndarray], procedure: str, series: list[list[list[f
             means = np.array([g.mean() for g in groups])
             lo, hi = _t_bounds(means)
             return (float(means.mean()), lo, hi,
-                    f"t over seed means: seeds differ beyond unit noise (F = {het[0]:.3g}, p = {het[1]:.2g})")
+                    f"t over seed means: seeds differ beyond unit noise (permutation F test, F = {het[0]:.3g}, "
+                    f"p = {het[1]:.2g})")
     if procedure == "t":
         lo, hi = _t_bounds(x)
         return est, lo, hi, "paired t" if paired else "t"
@@ -343,9 +351,10 @@ def _interval(groups: list[np.ndarray], procedure: str, series: list[list[list[f
         return est, lo, hi, f"Clopper-Pearson ({k} of {n})"
     a = np.concatenate([np.asarray(s) for s in series[0]])
     b = np.concatenate([np.asarray(s) for s in series[1]])
-    lo, hi = mcnemar_interval(int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum()), len(a))
-    return est, lo, hi, (f"exact McNemar conditional ({int(((a == 1) & (b == 0)).sum())} vs "
-                         f"{int(((a == 0) & (b == 1)).sum())} discordant of {len(a)})")
+    both, only_a = int(((a == 1) & (b == 1)).sum()), int(((a == 1) & (b == 0)).sum())
+    only_b, neither = int(((a == 0) & (b == 1)).sum()), int(((a == 0) & (b == 0)).sum())
+    lo, hi = agresti_min_interval(only_a, only_b, both + neither)
+    return est, lo, hi, f"Agresti-Min paired ({only_a} vs {only_b} discordant of {len(a)})"
 
 
 def _t_bounds(x: np.ndarray) -> tuple[float, float]:
@@ -374,18 +383,40 @@ def _bootstrap_bounds(groups: list[np.ndarray]) -> tuple[float, float]:
     return float(np.quantile(means, 1 - CONFIDENCE)), float(np.quantile(means, CONFIDENCE))
 
 
-def _heterogeneity(groups: list[np.ndarray]) -> tuple[float, float] | None:
-    """One-way ANOVA ``(F, p)`` across seeds, or ``None`` when it cannot be formed."""
-    from scipy import stats
+#: permutations of the seed labels behind the heterogeneity p-value, and their fixed RNG seed
+HETEROGENEITY_PERMUTATIONS = 2000
 
+
+def _f_statistic(x: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """One-way F statistic of the rows of ``x`` (shape ``(..., N)``) grouped by contiguous ``starts``/``sizes``."""
+    n, g = x.shape[-1], len(sizes)
+    grand = x.mean(axis=-1, keepdims=True)
+    means = np.add.reduceat(x, starts, axis=-1) / sizes
+    between = (sizes * (means - grand) ** 2).sum(axis=-1) / (g - 1)
+    within = ((x - np.repeat(means, sizes, axis=-1)) ** 2).sum(axis=-1) / (n - g)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = between / within
+    return np.where(within > 0, f, np.where(between > 1e-300, np.inf, 0.0))
+
+
+def _heterogeneity(groups: list[np.ndarray]) -> tuple[float, float] | None:
+    """``(F, p)`` of the one-way F test across seeds, ``p`` by permuting the seed labels; ``None`` if it
+    cannot be formed (one seed, a seed with one unit, or no spread at all)."""
     if len(groups) < 2 or any(len(g) < 2 for g in groups):
         return None
-    if all(float(np.ptp(g)) == 0.0 for g in groups):  # no within-seed spread
-        if len({float(g[0]) for g in groups}) == 1:
-            return None
-        return math.inf, 0.0
-    f, p = stats.f_oneway(*groups)
-    return float(f), float(p)
+    x = np.concatenate(groups)
+    if float(np.ptp(x)) == 0.0:
+        return None
+    sizes = np.array([len(g) for g in groups])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    observed = float(_f_statistic(x[None, :], starts, sizes)[0])
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    exceed = 0
+    for chunk in range(0, HETEROGENEITY_PERMUTATIONS, 250):
+        k = min(250, HETEROGENEITY_PERMUTATIONS - chunk)
+        perms = rng.permuted(np.broadcast_to(x, (k, len(x))), axis=1)
+        exceed += int((_f_statistic(perms, starts, sizes) >= observed * (1 - 1e-12)).sum())
+    return observed, (1 + exceed) / (1 + HETEROGENEITY_PERMUTATIONS)
 
 
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -406,26 +437,38 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
     return lo, hi
 
 
-def mcnemar_interval(b: int, c: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Exact conditional bounds for the difference of paired proportions ``(b - c) / n``.
+def agresti_min_interval(only_method: int, only_baseline: int, concordant: int,
+                         confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """One-sided bounds for the difference of paired proportions ``(only_method - only_baseline) / n``.
 
-    ``b``: pairs where only the method succeeded, ``c``: only the baseline, ``n``: all pairs. Conditional on
-    the ``b + c`` discordant pairs, ``b ~ Binomial(b + c, theta)`` and the difference is
-    ``(b + c) / n * (2 theta - 1)``; the bounds are Clopper–Pearson's on ``theta``, mapped through that line
-    (at threshold 0 this is McNemar's exact test). With no discordant pair the bounds are 0.
+    Agresti and Min's adjusted Wald interval: add 0.5 to each of the four cells of the 2x2 table
+    (``b, c`` the discordant counts, ``n`` the pairs), then::
+
+        d = (b* - c*) / n*,   var = ((b* + c*) - (b* - c*)² / n*) / n*²,   d ± z sqrt(var)
+
+    It stays close to its level with few or no discordant pairs, where the conditional (McNemar) interval
+    collapses to a point; bounds are clipped to [-1, 1].
+
+    Reference: A. Agresti and Y. Min, "Simple improved confidence intervals for comparing matched
+    proportions", Statistics in Medicine 24 (2005) 729–740; recommended among the simple intervals by
+    M. W. Fagerland, S. Lydersen and P. Laake, Statistics in Medicine 33 (2014) 2850–2875.
 
     Example:
-        >>> [round(v, 4) for v in mcnemar_interval(12, 2, 100)]
-        [0.0321, 0.1327]
+        >>> [round(v, 4) for v in agresti_min_interval(12, 2, 86)]
+        [0.0377, 0.1584]
+        >>> [round(v, 4) for v in agresti_min_interval(0, 0, 6)]  # all concordant: still uncertain
+        [-0.2056, 0.2056]
     """
-    if not all(isinstance(v, int) for v in (b, c, n)) or min(b, c) < 0 or b + c > n or n < 1:
-        raise ValueError(f"need integers b, c >= 0 with b + c <= n; got b={b!r}, c={c!r}, n={n!r}")
-    nd = b + c
-    if nd == 0:
-        return 0.0, 0.0
-    lo, hi = clopper_pearson(b, nd, confidence)
-    scale = nd / n
-    return scale * (2 * lo - 1), scale * (2 * hi - 1)
+    from scipy import stats
+
+    counts = (only_method, only_baseline, concordant)
+    if not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) < 1:
+        raise ValueError(f"need non-negative integer counts with a positive total, got {counts!r}")
+    b, c, n = only_method + 0.5, only_baseline + 0.5, sum(counts) + 2.0
+    d = (b - c) / n
+    var = ((b + c) - (b - c) ** 2 / n) / n**2
+    half = float(stats.norm.ppf(confidence)) * math.sqrt(var)
+    return max(-1.0, d - half), min(1.0, d + half)
 
 
 def _fmt(x: float) -> str:

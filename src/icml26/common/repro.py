@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import platform
@@ -37,7 +38,7 @@ def seed_everything(seed: int, *, torch: bool = True) -> np.random.Generator:
 
     Args:
         seed: a non-negative integer.
-        torch: also seed torch (imports it).
+        torch: also seed torch (imports it, when it is installed: the torch-free papers run without it).
 
     Returns:
         ``np.random.default_rng(seed)``, the generator experiments should draw from.
@@ -49,7 +50,7 @@ def seed_everything(seed: int, *, torch: bool = True) -> np.random.Generator:
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002  (third-party code may still read the legacy global RNG)
-    if torch:
+    if torch and importlib.util.find_spec("torch") is not None:
         import torch as _torch
 
         _torch.manual_seed(seed)
@@ -68,7 +69,7 @@ def set_threads(n: int = 1) -> int:
         os.environ[var] = str(n)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
-    else:
+    elif importlib.util.find_spec("torch") is not None:
         import torch
 
         torch.set_num_threads(n)

@@ -227,7 +227,8 @@ def _json_default(obj: Any) -> Any:
 def dumps_result(data: Mapping[str, Any]) -> str:
     """Serialise a result deterministically (sorted keys, 2-space indent, NaN written as ``NaN``).
 
-    Per-unit value lists are written one seed per line, so a result with thousands of units stays readable.
+    Per-unit value lists are written one seed per line, whole numbers without ``.0``, so a result with
+    thousands of units stays readable and small.
     """
     compact: dict[str, str] = {}
 
@@ -237,7 +238,10 @@ def dumps_result(data: Mapping[str, Any]) -> str:
             for k, v in obj.items():
                 if k == "unit_values" and isinstance(v, list):
                     key = f"@@unit_values_{len(compact)}@@"
-                    compact[key] = json.dumps(v, default=_json_default, allow_nan=True, separators=(",", ":"))
+                    # whole numbers (0/1 outcomes, counts) written without ".0": half the size of a 0/1 file
+                    ints = [[int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2**53 else x
+                             for x in seed] for seed in v]
+                    compact[key] = json.dumps(ints, default=_json_default, allow_nan=True, separators=(",", ":"))
                     out[k] = key
                 else:
                     out[k] = shrink(v)

@@ -91,16 +91,26 @@ def local_pvalues(clients: Clients) -> list[float]:
     return out
 
 
-def fisher(clients: Clients) -> float:
-    """Fisher's method: -2 sum log p_k ~ chi^2 with 2K degrees of freedom."""
-    p = np.clip(local_pvalues(clients), 1e-300, 1.0)
+def fisher_combination(pvalues: Sequence[float]) -> float:
+    """Fisher's method on given p-values: -2 sum log p_k ~ chi^2 with 2K degrees of freedom."""
+    p = np.clip(np.asarray(pvalues, dtype=np.float64), 1e-300, 1.0)
     return float(scipy.stats.chi2.sf(-2.0 * np.sum(np.log(p)), 2 * len(p)))
 
 
-def stouffer(clients: Clients) -> float:
-    """Stouffer's method: sum Phi^-1(1 - p_k) / sqrt(K) ~ N(0, 1)."""
-    p = np.clip(local_pvalues(clients), 1e-300, 1 - 1e-16)
+def stouffer_combination(pvalues: Sequence[float]) -> float:
+    """Stouffer's method on given p-values: sum Phi^-1(1 - p_k) / sqrt(K) ~ N(0, 1)."""
+    p = np.clip(np.asarray(pvalues, dtype=np.float64), 1e-300, 1 - 1e-16)
     return float(scipy.stats.norm.sf(np.sum(scipy.stats.norm.isf(p)) / np.sqrt(len(p))))
+
+
+def fisher(clients: Clients) -> float:
+    """Fisher's combination of the clients' own tests (``local_pvalues``)."""
+    return fisher_combination(local_pvalues(clients))
+
+
+def stouffer(clients: Clients) -> float:
+    """Stouffer's combination of the clients' own tests (``local_pvalues``)."""
+    return stouffer_combination(local_pvalues(clients))
 
 
 def stacked_raw(clients: Clients) -> float:

@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 Clients = list[tuple[np.ndarray, np.ndarray]]
@@ -60,12 +62,21 @@ def monotone_shifts(rng: np.random.Generator, *, K: int = 5, dep: float = 0.0) -
     return out
 
 
-def diabetes_clients(rng: np.random.Generator, *, null: bool = False, K: int = 4) -> Clients:
-    """sklearn's diabetes data (442 patients) split by age quantile; X = bmi, Y = progression."""
+@functools.cache
+def _diabetes() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(age, bmi, progression) of sklearn's bundled diabetes data, read once (read-only arrays)."""
     from sklearn.datasets import load_diabetes
 
     data = load_diabetes()
-    age, bmi, target = data.data[:, 0], data.data[:, 2], data.target
+    out = (data.data[:, 0].copy(), data.data[:, 2].copy(), data.target.copy())
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+def diabetes_clients(rng: np.random.Generator, *, null: bool = False, K: int = 4) -> Clients:
+    """sklearn's diabetes data (442 patients) split by age quantile; X = bmi, Y = progression."""
+    age, bmi, target = _diabetes()
     edges = np.quantile(age, np.linspace(0, 1, K + 1))
     groups = np.clip(np.searchsorted(edges, age, side="right") - 1, 0, K - 1)
     out = []

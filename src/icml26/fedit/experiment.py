@@ -3,24 +3,29 @@
 Each seed runs independent replications of every scenario (``data.py``) and every method on the same data:
 the proposed test (copula + stacking, gamma null), its permutation-null version, the baselines
 (``baselines.py``: pooled raw HSIC, pooled global ranks, copula + pooled, Fisher, Stouffer, stacked without
-alignment) and the private test at epsilon in ``dp_epsilons``. Rejection rates at alpha = 0.05:
+alignment) and the private test at epsilon in ``dp_epsilons``. Each replication's rejection at alpha = 0.05 is
+recorded (1 or 0) as a unit ``replications``, in the same order for every method, so that methods pair by
+replication (the same data went to each); the metric is the rejection rate:
 
 - ``type1_shifts`` / ``type1_monotone`` / ``type1_real`` on data independent within every client (shared
   location-scale shifts; non-linear monotone marginal maps with unequal client sizes; diabetes split by age
-  with Y permuted within clients) and ``type1_max``, their maximum;
+  with Y permuted within clients);
 - ``power_sine`` (shared shifts + sine dependence), ``power_flip`` (dependence whose sign flips across
   clients), ``power_monotone``, ``power_real`` (bmi against progression in the diabetes clients);
+- the permutation null (``fedit_perm``) on its own shared-shifts replications;
 - the private arms on larger clients (n = ``dp_n``, random features): ``type1_error`` and ``power``, with
-  ``fedit_large`` the same test without privacy.
+  ``fedit_large`` the same test without privacy, every arm on the same clients in each replication.
 
-Across the card's 3 seeds the level is estimated from 3 x ``h0_reps`` replications (450: +-0.02 at 95 %).
+The card's checks pool the replications of all seeds (a type-I error claim is a Clopper-Pearson bound on the
+rejections of one scenario; a power comparison is the Agresti–Min interval for matched pairs over paired replications).
 
 Example:
     >>> import dataclasses
     >>> from icml26.fedit.experiment import PRESETS, run
     >>> cfg = dataclasses.replace(PRESETS["smoke"], h0_reps=3, h1_reps=2, perm_reps=2, dp_reps=2)
-    >>> sorted(run(cfg).metrics)[:3]
-    ['copula_pooled', 'fedit', 'fedit_dp_eps1']
+    >>> out = run(cfg)
+    >>> sorted(out.metrics)[:3], out.units["replications"]["fedit"]["type1_shifts"]  # 1 = rejected at 0.05
+    (['copula_pooled', 'fedit', 'fedit_dp_eps1'], [0.0, 1.0, 0.0])
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import numpy as np
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
-from .baselines import BASELINES
+from .baselines import BASELINES, fisher_combination, local_pvalues, stouffer_combination
 from .data import diabetes_clients, monotone_shifts, shared_shifts, sign_flips
 from .test import DP, FederatedIndependenceTest
 
@@ -64,8 +69,8 @@ class Config:
     """correlation of the latent Gaussians in the monotone-shift scenario"""
     dp_n: int = 1000
     """client size of the privacy experiment"""
-    dp_reps: int = 20
-    """replications per privacy arm and hypothesis"""
+    dp_reps: int = 50
+    """replications per hypothesis of the privacy arms (each replication's clients go to every arm)"""
     dp_epsilons: tuple[float, ...] = (8.0, 1.0)
     """privacy budgets (delta = 1e-5)"""
     random_features: int = 64
@@ -95,48 +100,50 @@ def _methods(seed: int) -> dict[str, Callable[[list], float]]:
     return out
 
 
+def _pvalues(methods: dict[str, Callable[[list], float]], clients: list) -> dict[str, float]:
+    """Every method's p-value on one replication's clients (Fisher and Stouffer share the clients' p-values)."""
+    local = local_pvalues(clients)
+    shared = {"fisher": lambda c: fisher_combination(local), "stouffer": lambda c: stouffer_combination(local)}
+    return {name: shared.get(name, test)(clients) for name, test in methods.items()}
+
+
 def run(cfg: Config) -> SeedRun:
-    """One seed's replications of every scenario; rejection rates per method."""
+    """One seed's replications of every scenario: per-replication rejections (1/0) of every method."""
     rng = np.random.default_rng(cfg.seed)
     methods = _methods(cfg.seed)
-    metrics: dict[str, dict[str, float]] = {name: {} for name in methods}
+    reject: dict[str, dict[str, list[float]]] = {name: {} for name in methods}
     scenarios = [(m, g, cfg.h0_reps) for m, g in H0.items()] + [(m, g, cfg.h1_reps) for m, g in H1.items()]
     for metric, generate, reps in progress(scenarios, desc=f"fedit seed {cfg.seed}"):
-        rejections = dict.fromkeys(methods, 0)
-        for _ in range(reps):
-            clients = generate(rng, cfg)
-            for name, test in methods.items():
-                rejections[name] += test(clients) < ALPHA
         for name in methods:
-            metrics[name][metric] = rejections[name] / reps
-    for name in methods:
-        metrics[name]["type1_max"] = max(metrics[name][m] for m in H0)
+            reject[name][metric] = []
+        for _ in range(reps):
+            pvalues = _pvalues(methods, generate(rng, cfg))
+            for name, p in pvalues.items():
+                reject[name][metric].append(float(p < ALPHA))
 
     # the permutation null on the shared-shifts scenario
-    perm = {}
+    reject["fedit_perm"] = {}
     for metric, dep in (("type1_shifts", 0.0), ("power_sine", cfg.dep_sine)):
-        hits = 0
+        reject["fedit_perm"][metric] = []
         for r in range(cfg.perm_reps):
             test = FederatedIndependenceTest(null="permutation", n_permutations=cfg.n_permutations,
                                              random_state=1000 * cfg.seed + r)
-            hits += test.fit(shared_shifts(rng, dep=dep)).pvalue_ < ALPHA
-        perm[metric] = hits / cfg.perm_reps
-    metrics["fedit_perm"] = perm
+            reject["fedit_perm"][metric].append(float(test.fit(shared_shifts(rng, dep=dep)).pvalue_ < ALPHA))
 
-    # privacy: larger clients, random features, with and without (epsilon, 1e-5)-DP
+    # privacy: larger clients, random features, with and without (epsilon, 1e-5)-DP; in each replication every
+    # arm tests the same clients with the same random features (pairs for the private_power comparison)
     arms: dict[str, DP | None] = {"fedit_large": None}
     arms.update({f"fedit_dp_eps{eps:g}": DP(eps) for eps in cfg.dp_epsilons})
-    for arm, privacy in arms.items():
-        out = {}
-        for metric, dep in (("type1_error", 0.0), ("power", cfg.dep_sine)):
-            hits = 0
-            for r in range(cfg.dp_reps):
+    for arm in arms:
+        reject[arm] = {"type1_error": [], "power": []}
+    for metric, dep in (("type1_error", 0.0), ("power", cfg.dep_sine)):
+        for r in range(cfg.dp_reps):
+            clients = shared_shifts(rng, n=cfg.dp_n, dep=dep)
+            for arm, privacy in arms.items():
                 test = FederatedIndependenceTest(random_features=cfg.random_features, privacy=privacy,
                                                  random_state=2000 * cfg.seed + r)
-                hits += test.fit(shared_shifts(rng, n=cfg.dp_n, dep=dep)).pvalue_ < ALPHA
-            out[metric] = hits / cfg.dp_reps
-        metrics[arm] = out
-    return SeedRun(metrics)
+                reject[arm][metric].append(float(test.fit(clients).pvalue_ < ALPHA))
+    return SeedRun({}, units={"replications": reject})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

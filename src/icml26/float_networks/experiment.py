@@ -17,6 +17,17 @@ weights computed in float64 and run in the format; ``sobolev``: a tanh MLP (2 x 
 gradients, run in the format. Metrics: exact fractions (worst and best format), ulp distances, unreachable and
 non-finite counts (the ulp maxima are over finite outputs; ``finite_frac`` says how many there were), build time.
 
+**Per-point outcomes** (unit ``points``: every domain point of every format, and of the 2-D grids in full mode,
+in the order format by format; 0/1 each, pooled over seeds by the claims):
+
+- ``construct_<activation>.exact_grad``: every component of the autodiff gradient at the point hits its target
+  (identity phi; an unreachable target counts as missed);
+- ``constructions.exact_value``: every construction (six activations x three phi) hits the point's value;
+- ``constructions.phi_exact_reachable_grad``: through MSE and softplus, every gradient target the construction
+  reports reachable at the point is hit, in every activation (a point with none reachable counts as hit);
+- on the 1-D domains only, paired with the baselines: ``construct_relu.exact_value_1d`` / ``exact_grad_1d``,
+  ``sobolev.exact_value`` and ``naive.exact_grad``.
+
 Example:
     >>> import dataclasses
     >>> from icml26.float_networks.experiment import PRESETS, run
@@ -129,6 +140,11 @@ def _summary(rec: dict[str, list[float]], phi_rec: dict[str, list[float]] | None
     return out
 
 
+def _point_ok(exact: torch.Tensor) -> list[float]:
+    """Per point: 1.0 when every component is exact (``exact`` is ``(n,)`` or ``(n, d)`` bool)."""
+    return exact.reshape(exact.shape[0], -1).all(dim=1).double().tolist()
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: every construction, format and phi, and the two baselines, verified point by point."""
     unknown = set(cfg.activations) - set(ACTIVATIONS)
@@ -143,31 +159,48 @@ def run(cfg: Config) -> SeedRun:
             cases.append((fmt, dim, pts, vals, grads))
     metrics: dict[str, dict[str, float]] = {}
     curves: dict[str, Any] = {}
+    points: dict[str, dict[str, list[float]]] = {}     # per-point 0/1 outcomes, in case order
+    value_all = [torch.ones(len(c[2]), dtype=torch.bool) for c in cases]
+    phi_all = [torch.ones(len(c[2]), dtype=torch.bool) for c in cases]
     for act in progress(cfg.activations, desc=f"float_networks seed {cfg.seed}"):
         rec: dict[str, list[float]] = {}
         phi_rec: dict[str, list[float]] = {}
+        per = points.setdefault(f"construct_{act}", {})
         t0 = time.perf_counter()
-        for fmt, _dim, pts, vals, grads in cases:
+        for i, (fmt, dim, pts, vals, grads) in enumerate(cases):
             for phi in PHIS.values():
                 net = construct(pts, vals, grads, activation=act, dtype=FORMATS[fmt], phi=phi, audit=False)
                 r = verify(net, pts, vals, grads, phi=phi)
                 _record(rec if phi is None else phi_rec, fmt, r)
+                value_all[i] &= r.exact_value
+                if phi is None:
+                    per.setdefault("exact_grad", []).extend(_point_ok(r.exact_grad))
+                    if act == "relu" and dim == 1:
+                        per.setdefault("exact_value_1d", []).extend(_point_ok(r.exact_value))
+                        per.setdefault("exact_grad_1d", []).extend(_point_ok(r.exact_grad))
+                else:
+                    phi_all[i] &= (r.exact_grad | r.unreachable).all(dim=1)
         metrics[f"construct_{act}"] = {**_summary(rec, phi_rec), "build_s": time.perf_counter() - t0}
         curves[act] = rec["grad"]
     constructs = [m for a, m in metrics.items() if a.startswith("construct_")]
     metrics["constructions"] = {k: min(m[k] for m in constructs) for k in (
         "worst_exact_value_frac", "phi_worst_exact_value_frac", "worst_exact_reachable_grad_frac",
         "phi_exact_reachable_grad_frac")}
+    points["constructions"] = {"exact_value": [v for t in value_all for v in _point_ok(t)],
+                               "phi_exact_reachable_grad": [v for t in phi_all for v in _point_ok(t)]}
     # the baselines, 1-D, identity phi
     naive: dict[str, list[float]] = {}
     sob: dict[str, list[float]] = {}
     for fmt, dim, pts, vals, grads in cases:
         if dim != 1:
             continue
-        _record(naive, fmt, verify(hermite_relu_network(pts, vals, grads, dtype=FORMATS[fmt]), pts, vals, grads,
-                                   dtype=FORMATS[fmt]))
+        r = verify(hermite_relu_network(pts, vals, grads, dtype=FORMATS[fmt]), pts, vals, grads, dtype=FORMATS[fmt])
+        _record(naive, fmt, r)
+        points.setdefault("naive", {}).setdefault("exact_grad", []).extend(_point_ok(r.exact_grad))
         mlp = SobolevMLP(seed=cfg.seed).fit(pts, vals, grads, steps=cfg.sobolev_steps)
-        _record(sob, fmt, verify(mlp.in_dtype(FORMATS[fmt]), pts, vals, grads, dtype=FORMATS[fmt]))
+        r = verify(mlp.in_dtype(FORMATS[fmt]), pts, vals, grads, dtype=FORMATS[fmt])
+        _record(sob, fmt, r)
+        points.setdefault("sobolev", {}).setdefault("exact_value", []).extend(_point_ok(r.exact_value))
     metrics["naive"] = _summary(naive)
     metrics["sobolev"] = _summary(sob)
     notes = {"tanh_exact": "targets near Omega/8 make tanh/sigmoid gadgets overflow in the backward pass (the gate "
@@ -175,7 +208,7 @@ def run(cfg: Config) -> SeedRun:
                            "worst_exact_reachable_grad_frac",
              "sigmoid_exact": "as for tanh, plus subnormal slopes: sigmoid's A'(0) = 1/4 rounds them",
              "gelu_exact": "bfloat16 GELU's backward kernel flushes subnormal slopes to zero (reported unreachable)"}
-    return SeedRun(metrics, series={"per_format": curves}, notes=notes)
+    return SeedRun(metrics, series={"per_format": curves}, notes=notes, units={"points": points})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -11,13 +11,20 @@ embeddings (the anchors) and evaluated on held-out items:
   trained on one model's aligned features applied to another's), geometry distortion of each model's
   pairwise distances, fit seconds, and the number of maps each method needs.
 
+The held-out items are the units of the retrieval and stitching claims: for the arms the card compares
+(``UNIT_ARMS``) each item's Recall@1 and stitching accuracy over the M (M - 1) ordered model pairs is recorded
+(``units["items"]``, in the same item order for every arm; their mean is the metric). An item, not a
+(pair, item) query, is the unit because the queries of one item across pairs are not independent.
+
 Example:
     >>> import dataclasses
     >>> from icml26.gcpa.experiment import PRESETS, run
     >>> cfg = dataclasses.replace(PRESETS["smoke"], datasets=("digits",), digits_steps=20)
-    >>> metrics = run(cfg).metrics
-    >>> sorted(metrics)[:3], "digits_recall_at_1" in metrics["gcpa"]
+    >>> out = run(cfg)
+    >>> sorted(out.metrics)[:3], "digits_recall_at_1" in out.metrics["gcpa"]
     (['gcca', 'gcpa', 'gcpa_weak'], True)
+    >>> len(out.units["items"]["gcpa"]["digits_recall_at_1"]) == len(out.units["items"]["gpa"]["digits_recall_at_1"])
+    True
 """
 
 from __future__ import annotations
@@ -27,12 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
 from .data import MultiViewData, digits_views, text_views
 from .estimators import GCPA, GeneralizedProcrustes, MultiviewCCA, PairwiseCCA, PairwiseProcrustes
-from .metrics import any_to_any_retrieval, geometry_distortion, stitching_accuracy
+from .metrics import any_to_any_ranks, geometry_distortion, retrieval_per_item, stitching_correct
+
+#: arms whose per-item retrieval and stitching outcomes are recorded (the arms the card's checks compare)
+UNIT_ARMS = ("gpa", "gcca", "gcpa")
 
 
 @dataclass
@@ -81,31 +93,43 @@ def make_arms(k: int, cfg: Config) -> dict[str, Any]:
     }
 
 
-def evaluate(data: MultiViewData, k: int, cfg: Config) -> dict[str, dict[str, float]]:
-    """Fit every arm on ``data``'s anchors and measure it on the held-out items."""
+def evaluate(data: MultiViewData, k: int, cfg: Config) -> tuple[dict[str, dict[str, float]],
+                                                                 dict[str, dict[str, list[float]]]]:
+    """Fit every arm on ``data``'s anchors and measure it on the held-out items.
+
+    Returns ``(metrics, per_item)``: ``{arm: {metric: value}}`` and, for ``UNIT_ARMS``, ``{arm: {metric:
+    [one value per held-out item]}}`` for Recall@1 and stitching accuracy (whose means are those metrics).
+    """
     out: dict[str, dict[str, float]] = {}
+    per_item: dict[str, dict[str, list[float]]] = {}
+    p = data.name
     for name, model in make_arms(k, cfg).items():
         t0 = time.perf_counter()
         model.fit(data.train)
         fit_s = time.perf_counter() - t0
-        retrieval = any_to_any_retrieval(model, data.test)
-        p = data.name
+        ranks = any_to_any_ranks(model, data.test)
+        stitched = stitching_correct(model, data.train, data.test, data.y_train, data.y_test, seed=cfg.seed)
+        recall_1, stitching = retrieval_per_item(ranks, 1), stitched.mean(axis=0)
         out[name] = {
-            f"{p}_recall_at_1": retrieval["recall@1"],
-            f"{p}_recall_at_5": retrieval["recall@5"],
-            f"{p}_mrr": retrieval["mrr"],
-            f"{p}_stitching_accuracy": stitching_accuracy(model, data.train, data.test, data.y_train, data.y_test,
-                                                          seed=cfg.seed),
+            f"{p}_recall_at_1": float(recall_1.mean()),
+            f"{p}_recall_at_5": float(np.mean(ranks < 5)),
+            f"{p}_mrr": float(np.mean(1.0 / (ranks + 1))),
+            f"{p}_stitching_accuracy": float(stitching.mean()),
             f"{p}_distortion": geometry_distortion(model, data.test),
             f"{p}_fit_seconds": fit_s,
             f"{p}_maps": float(model.n_maps_),
         }
-    return out
+        if name in UNIT_ARMS:
+            per_item[name] = {f"{p}_recall_at_1": recall_1.tolist(), f"{p}_stitching_accuracy": stitching.tolist()}
+            for metric in per_item[name]:  # the unit means are the metrics (set exactly, without round-off)
+                del out[name][metric]
+    return out, per_item
 
 
 def run(cfg: Config) -> SeedRun:
     """One seed: build each embedded default, fit all arms, return metrics per arm (prefixed by dataset)."""
     metrics: dict[str, dict[str, float]] = {}
+    items: dict[str, dict[str, list[float]]] = {}
     builders = {
         "digits": lambda: (digits_views(cfg.seed, steps=cfg.digits_steps), cfg.digits_components),
         "text": lambda: (text_views(cfg.seed, max_sentences=cfg.text_max_sentences), cfg.text_components),
@@ -115,9 +139,12 @@ def run(cfg: Config) -> SeedRun:
         raise ValueError(f"datasets must be among {sorted(builders)}, got {sorted(unknown)}")
     for name in progress(cfg.datasets, desc=f"gcpa seed {cfg.seed}"):
         data, k = builders[name]()
-        for arm, values in evaluate(data, k, cfg).items():
-            metrics.setdefault(arm, {}).update(values)
-    return SeedRun(metrics)
+        values, per_item = evaluate(data, k, cfg)
+        for arm, ms in values.items():
+            metrics.setdefault(arm, {}).update(ms)
+        for arm, ms in per_item.items():
+            items.setdefault(arm, {}).update(ms)
+    return SeedRun(metrics, units={"items": items})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -4,9 +4,11 @@ All take a fitted aligner (anything with ``embed_pair(X_src, X_dst, src, dst)`` 
 evaluate every ordered pair of models (src, dst), src != dst, on held-out rows.
 
 - Retrieval: each held-out item of model src queries model dst's held-out items by cosine similarity; its match
-  is the same item. Recall@k and MRR, ties broken by index order (deterministic), averaged over all pairs.
+  is the same item. Recall@k and MRR, ties broken by index order (deterministic), averaged over all pairs;
+  ``retrieval_per_item`` gives each item's Recall@k over the pairs (the per-unit values of the reproduction).
 - Stitching: a logistic-regression head trained on model dst's (aligned) training embeddings classifies model
-  src's held-out embeddings mapped into the same space; accuracy averaged over all pairs.
+  src's held-out embeddings mapped into the same space; accuracy averaged over all pairs (``stitching_correct``
+  gives the 0/1 outcome of every item on every pair).
 - Geometry distortion: how much the map changes a model's internal geometry, the distance between the
   normalised vectors of pairwise distances before (preprocessed) and after alignment; 0 for any similarity
   transform, at most sqrt(2).
@@ -41,37 +43,60 @@ def _normalise_rows(Z: np.ndarray) -> np.ndarray:
     return Z / np.where(norms == 0, 1.0, norms)
 
 
-def pair_retrieval(queries: np.ndarray, database: np.ndarray, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
-    """Recall@k and MRR when query i's correct match is database item i (cosine similarity)."""
+def pair_ranks(queries: np.ndarray, database: np.ndarray) -> np.ndarray:
+    """Rank (0 = first) of each query's match, database item i for query i, by cosine similarity.
+
+    Ties are broken by index order: an equal-scoring item with a smaller index ranks first (deterministic).
+    """
     if queries.shape != database.shape:
         raise ValueError(f"queries and database must have the same shape, got {queries.shape}, {database.shape}")
     sims = _normalise_rows(queries) @ _normalise_rows(database).T
     correct = np.diag(sims)[:, None]
     n = sims.shape[0]
-    # rank of the match = items scoring higher + equal-scoring items with a smaller index (deterministic ties)
     earlier = np.arange(n)[None, :] < np.arange(n)[:, None]
-    rank = (sims > correct).sum(axis=1) + ((sims == correct) & earlier).sum(axis=1)
+    return (sims > correct).sum(axis=1) + ((sims == correct) & earlier).sum(axis=1)
+
+
+def pair_retrieval(queries: np.ndarray, database: np.ndarray, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """Recall@k and MRR when query i's correct match is database item i (cosine similarity)."""
+    rank = pair_ranks(queries, database)
     out = {f"recall@{k}": float(np.mean(rank < k)) for k in ks}
     out["mrr"] = float(np.mean(1.0 / (rank + 1)))
     return out
 
 
-def any_to_any_retrieval(model: Any, Xs_test: Sequence[np.ndarray], ks: Sequence[int] = (1, 5)) -> dict[str, float]:
-    """Retrieval metrics averaged over all M (M - 1) ordered pairs of models."""
-    scores = []
+def any_to_any_ranks(model: Any, Xs_test: Sequence[np.ndarray]) -> np.ndarray:
+    """``(M (M - 1), n)`` ranks of each held-out item's match, one row per ordered model pair (src, dst)."""
+    rows = []
     for a, b in itertools.permutations(range(len(Xs_test)), 2):
         Za, Zb = model.embed_pair(Xs_test[a], Xs_test[b], a, b)
-        scores.append(pair_retrieval(Za, Zb, ks))
+        rows.append(pair_ranks(Za, Zb))
+    return np.asarray(rows)
+
+
+def retrieval_per_item(ranks: np.ndarray, k: int = 1) -> np.ndarray:
+    """Each held-out item's Recall@k over the ordered model pairs (``ranks`` from ``any_to_any_ranks``).
+
+    Its mean over items is the any-to-any Recall@k (every pair has the same items).
+    """
+    return (np.asarray(ranks) < k).mean(axis=0)
+
+
+def any_to_any_retrieval(model: Any, Xs_test: Sequence[np.ndarray], ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """Retrieval metrics averaged over all M (M - 1) ordered pairs of models."""
+    ranks = any_to_any_ranks(model, Xs_test)
+    scores = [{**{f"recall@{k}": float(np.mean(r < k)) for k in ks}, "mrr": float(np.mean(1.0 / (r + 1)))}
+              for r in ranks]
     return {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
 
 
-def stitching_accuracy(model: Any, Xs_train: Sequence[np.ndarray], Xs_test: Sequence[np.ndarray],
-                       y_train: np.ndarray, y_test: np.ndarray, *, seed: int = 0) -> float:
-    """Mean accuracy of dst's head applied to src's mapped embeddings, over all ordered pairs (src, dst)."""
+def stitching_correct(model: Any, Xs_train: Sequence[np.ndarray], Xs_test: Sequence[np.ndarray],
+                      y_train: np.ndarray, y_test: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """``(M (M - 1), n)``: 1 where dst's head classifies src's mapped held-out item correctly, per ordered pair."""
     from sklearn.linear_model import LogisticRegression
 
     heads: dict[Any, Any] = {}
-    accs = []
+    rows = []
     for a, b in itertools.permutations(range(len(Xs_test)), 2):
         # the head lives in the space where (a, b) are compared: dst's side of the pair, fitted on train rows
         _, Zb_train = model.embed_pair(Xs_train[a], Xs_train[b], a, b)
@@ -79,8 +104,14 @@ def stitching_accuracy(model: Any, Xs_train: Sequence[np.ndarray], Xs_test: Sequ
         if key not in heads:
             heads[key] = LogisticRegression(max_iter=2000, random_state=seed).fit(Zb_train, y_train)
         Za_test, _ = model.embed_pair(Xs_test[a], Xs_test[b], a, b)
-        accs.append(float(heads[key].score(Za_test, y_test)))
-    return float(np.mean(accs))
+        rows.append((heads[key].predict(Za_test) == np.asarray(y_test)).astype(float))
+    return np.asarray(rows)
+
+
+def stitching_accuracy(model: Any, Xs_train: Sequence[np.ndarray], Xs_test: Sequence[np.ndarray],
+                       y_train: np.ndarray, y_test: np.ndarray, *, seed: int = 0) -> float:
+    """Mean accuracy of dst's head applied to src's mapped embeddings, over all ordered pairs (src, dst)."""
+    return float(stitching_correct(model, Xs_train, Xs_test, y_train, y_test, seed=seed).mean())
 
 
 def distance_distortion(X: np.ndarray, Z: np.ndarray) -> float:

@@ -10,20 +10,31 @@ starts from the same SFT model and sees the same prompts each iteration:
 - ``ps_ppo_unweighted``: uniform cutoffs without the 1 / P(c >= t) weights (the biased ablation).
 
 The update pass is bucketed: rows sorted by kept length and split in micro-batches, each sliced to its own
-longest kept prefix (without bucketing, slicing to the batch maximum saves little). Metrics: greedy accuracy on
-held-out prompts; ``update_tokens``, the token positions the update's forward and backward passes process, per
-update; ``update_cpu_ms``, CPU time of the update pass; ``peak_activation_mb``, the largest total size of the
-tensors autograd saves for backward in one micro-batch (the activation memory of the update); and, for
-``ps_ppo``, the unbiasedness of its gradient: the relative error of the mean truncated gradient against the
-full-trajectory gradient after n = 125 ... 8,000 cutoff draws (SFT model, float64), and the log-log slope of that
-error in n (-1/2 for an unbiased estimator; near 0 for a biased one, e.g. the token-count normaliser).
+longest kept prefix (without bucketing, slicing to the batch maximum saves little). Metrics, each recorded on
+its natural unit so that the claims pair arms unit by unit:
+
+- per held-out prompt (``prompts``, the same prompts in the same order for every arm): greedy correctness (0/1),
+  whose mean is ``accuracy``;
+- per update (``updates``; update i of every arm sees the same prompts): ``update_tokens``, the token positions
+  the update's forward and backward passes process; ``update_cpu_ms``, CPU time of the update pass;
+  ``peak_activation_mb``, that update's largest total size of the tensors autograd saves for backward in one
+  micro-batch (the activation memory a user provisions per step); ``frac_reward_zero_std``,
+  ``kept_completion_fraction``;
+- for ``ps_ppo``, per replication (``replications``: independent sequences of cutoff draws on the SFT model in
+  float64, whose log-softmax ``tiny_lm`` takes in float32): the relative error of the mean truncated gradient against the full-trajectory gradient after n =
+  125 ... 8,000 draws, and the log-log slope of that error in n (-1/2 for an unbiased estimator; near 0 for a
+  biased one, e.g. the token-count normaliser, reported beside it).
 
 Example:
     >>> import dataclasses
     >>> from icml26.ps_ppo.experiment import PRESETS, run
-    >>> cfg = dataclasses.replace(PRESETS["smoke"], iterations=1, eval_prompts=8, unbiased_draws=(20, 40))
-    >>> sorted(run(cfg).metrics)
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], iterations=1, eval_prompts=8, unbiased_draws=(20, 40),
+    ...                           unbiased_replications=2)
+    >>> out = run(cfg)
+    >>> sorted(out.metrics)
     ['grpo', 'ps_ppo', 'ps_ppo_adaptive', 'ps_ppo_geometric', 'ps_ppo_unweighted']
+    >>> sorted(out.units), len(out.units["replications"]["ps_ppo"]["grad_error_slope"])
+    (['prompts', 'replications', 'updates'], 2)
 """
 
 from __future__ import annotations
@@ -97,10 +108,12 @@ class Config:
     """accuracy curve resolution in iterations (0: final only)"""
     unbiased_draws: tuple[int, ...] = (125, 500, 2000, 8000)
     """cutoff draws at which the unbiasedness check measures the error of the mean gradient"""
+    unbiased_replications: int = 8
+    """independent sequences of cutoff draws in the unbiasedness check (its units)"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(iterations=3, eval_prompts=40, unbiased_draws=(50, 200)),
+    "smoke": Config(iterations=3, eval_prompts=40, unbiased_draws=(50, 200), unbiased_replications=3),
     "quick": Config(),
     "full": Config(iterations=120, eval_prompts=500, eval_every=20),
 }
@@ -203,11 +216,29 @@ def gradient_unbiasedness(model: Any, tok: Any, prompts: list[str], completions:
     """Relative errors of the mean truncated gradient after each number of cutoff draws in ``draws`` (nested: the
     first n of one sequence of draws) against the full-trajectory gradient, and the cosine at the largest n.
 
-    Float64. The surrogate is linear in per-token terms, so each draw's truncated gradient is the weighted sum of
-    per-token gradients A_i grad log pi(y_it) over the kept tokens; the mean over draws is computed exactly from
-    them (a prefix-only forward gives the same per-token log-probs: see the tests). An unbiased estimator's error
+    Float64 (except the log-softmax, which ``tiny_lm.completion_logps`` takes in float32). The surrogate is linear
+    in per-token terms, so each draw's truncated gradient is the weighted sum of per-token gradients
+    A_i grad log pi(y_it) over the kept tokens; the mean over draws is computed exactly from them (a prefix-only
+    forward gives the same per-token log-probs: see the tests). An unbiased estimator's error
     shrinks like n^(-1/2); a biased one's levels off.
     """
+    return gradient_unbiasedness_replicated(model, tok, prompts, completions, advantages, law, draws, [seed],
+                                            (normalizer,))[normalizer][0]
+
+
+def gradient_unbiasedness_replicated(model: Any, tok: Any, prompts: list[str], completions: list[str],
+                                     advantages: torch.Tensor, law: Any, draws: list[int], seeds: list[int],
+                                     normalizers: tuple[str, ...] = ("constant",)
+                                     ) -> dict[str, list[tuple[list[float], float]]]:
+    """``gradient_unbiasedness`` for independent sequences of cutoff draws, one per seed in ``seeds`` (the
+    replications of the Monte Carlo experiment), for each normaliser (``"constant"`` B * L_max or ``"tokens"``,
+    the kept-token count); the per-token gradients and the draws are shared.
+
+    Returns:
+        ``{normalizer: [(errors at each n in draws, cosine at the largest n) per seed]}``.
+    """
+    if unknown := set(normalizers) - {"constant", "tokens"}:
+        raise ValueError(f"normalizers must be 'constant' or 'tokens', got {sorted(unknown)}")
     model = copy.deepcopy(model).double().eval()
     batch = completion_batch(tok, prompts, completions)
     logps, mask = completion_logps(model, batch)
@@ -221,30 +252,46 @@ def gradient_unbiasedness(model: Any, tok: Any, prompts: list[str], completions:
             g = torch.autograd.grad(advantages[i].double() * aligned[i, t], params, retain_graph=True)
             grads[i, t] = torch.cat([x.reshape(-1) for x in g])
     B = len(prompts)
-    full = sum(grads.values()) / (B * Lc) if normalizer == "constant" else sum(grads.values()) / float(lengths.sum())
+    total = sum(grads.values())
     survival = law.survival(lengths, Lc).double()
-    gen = torch.Generator().manual_seed(seed)
-    coef = torch.zeros(B, Lc, dtype=torch.float64)
-    errors, cos = [], 0.0
-    for n in range(1, max(draws) + 1):
-        c = law.sample(lengths, gen)
-        kept = (torch.arange(1, Lc + 1)[None, :] <= c[:, None]) & (torch.arange(Lc)[None, :] < lengths[:, None])
-        denominator = B * Lc if normalizer == "constant" else float(kept.sum())
-        coef += kept.double() / survival.clamp(min=1e-300) / denominator
-        if n in draws:
-            mean = sum(coef[i, t] / n * g for (i, t), g in grads.items())
-            errors.append(float(torch.linalg.vector_norm(mean - full) / torch.linalg.vector_norm(full)))
-            cos = float(torch.dot(mean, full) / (torch.linalg.vector_norm(mean) * torch.linalg.vector_norm(full)))
-    return errors, cos
+    positions = torch.arange(Lc)
+    out: dict[str, list[tuple[list[float], float]]] = {n: [] for n in normalizers}
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        # the draws one after another from one generator (the same sequence a loop over draws would see)
+        c = torch.stack([law.sample(lengths, gen) for _ in range(max(draws))])  # (N, B)
+        kept = (positions[None, None, :] < c[:, :, None]) & (positions[None, None, :] < lengths[None, :, None])
+        for normalizer in normalizers:
+            full = total / (B * Lc) if normalizer == "constant" else total / float(lengths.sum())
+            denominator = (torch.full((len(c),), float(B * Lc), dtype=torch.float64) if normalizer == "constant"
+                           else kept.sum((1, 2)).double())
+            # coefficient of each per-token gradient in the sum of the first n truncated gradients
+            cumulative = (kept.double() / denominator[:, None, None]).cumsum(0) / survival.clamp(min=1e-300)
+            errors, cos = [], 0.0
+            for n in draws:
+                coef = cumulative[n - 1]
+                mean = sum(coef[i, t] / n * g for (i, t), g in grads.items())
+                errors.append(float(torch.linalg.vector_norm(mean - full) / torch.linalg.vector_norm(full)))
+                cos = float(torch.dot(mean, full) / (torch.linalg.vector_norm(mean) * torch.linalg.vector_norm(full)))
+            out[normalizer].append((errors, cos))
+    return out
+
+
+def replication_seeds(cfg: Config) -> list[int]:
+    """Seeds of the cutoff-draw sequences of the unbiasedness check (the first is the run's seed)."""
+    return [cfg.seed + 1000 * r for r in range(cfg.unbiased_replications)]
 
 
 def run(cfg: Config) -> SeedRun:
     """One seed: every arm from the same SFT start on the same prompts."""
+    if cfg.unbiased_replications < 1:
+        raise ValueError(f"unbiased_replications must be >= 1, got {cfg.unbiased_replications}")
     pi0, tok = lab_model(cfg)
     task = AdditionChain(cfg.terms, 9)
     eval_rng = np.random.default_rng(50_000 + cfg.seed)
     eval_prompts = [task.sample(eval_rng).prompt for _ in range(cfg.eval_prompts)]
-    metrics: dict[str, dict[str, float]] = {}
+    prompt_units: dict[str, dict[str, list[float]]] = {}
+    update_units: dict[str, dict[str, list[float]]] = {}
     curves: dict[str, list[tuple[int, float]]] = {}
     for arm in progress(ARMS, desc=f"ps_ppo seed {cfg.seed}"):
         torch.manual_seed(cfg.seed)
@@ -253,7 +300,10 @@ def run(cfg: Config) -> SeedRun:
         law = make_law(arm)
         cut_gen = torch.Generator().manual_seed(1000 + cfg.seed)
         prompt_rng = np.random.default_rng(60_000 + cfg.seed)
-        tokens, cpu, peak, zero_std, total_tokens, kept_frac = [], [], 0, [], 0, []
+        # one entry per update (iteration), in iteration order: iteration i of every arm sees the same prompts
+        per_update: dict[str, list[float]] = {"update_tokens": [], "update_cpu_ms": [], "peak_activation_mb": [],
+                                              "frac_reward_zero_std": [], "kept_completion_fraction": []}
+        total_tokens = 0
         curve = []
         for it in range(cfg.iterations):
             examples = [task.sample(prompt_rng) for _ in range(cfg.prompts_per_iteration)]
@@ -264,7 +314,6 @@ def run(cfg: Config) -> SeedRun:
             groups = rewards.view(-1, cfg.group)
             # $$A_i = r_i - \bar r_{group}$$   (Dr.GRPO: no std normalisation)
             advantages = (groups - groups.mean(1, keepdim=True)).reshape(-1)
-            zero_std.append(float((groups.std(1) == 0).float().mean()))
             batch = completion_batch(tok, prompts, completions)
             lengths = batch["completion_mask"].sum(1).long()
             keys: list[Hashable] = [p for p in prompts]
@@ -277,10 +326,11 @@ def run(cfg: Config) -> SeedRun:
                             else law.survival(lengths, int(lengths.max())))
             n_tok, secs, act = update_pass(policy, opt, batch, advantages, cutoffs, survival, cfg=cfg,
                                            weighted=arm != "ps_ppo_unweighted")
-            tokens.append(n_tok)
-            kept_frac.append(float(cutoffs.sum() / lengths.sum()))
-            cpu.append(secs)
-            peak = max(peak, act)
+            per_update["update_tokens"].append(float(n_tok))
+            per_update["update_cpu_ms"].append(1e3 * secs)
+            per_update["peak_activation_mb"].append(act / 2**20)  # this update's peak over its micro-batches
+            per_update["frac_reward_zero_std"].append(float((groups.std(1) == 0).float().mean()))
+            per_update["kept_completion_fraction"].append(float(cutoffs.sum() / lengths.sum()))
             total_tokens += n_tok
             if isinstance(law, AdaptiveCutoff):
                 ids = [tok(c, add_special_tokens=False)["input_ids"] for c in completions]
@@ -289,25 +339,30 @@ def run(cfg: Config) -> SeedRun:
                     law.update(prompts[g * cfg.group], ids[sl], rewards[sl].tolist())
             if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
                 curve.append((total_tokens, accuracy(policy, tok, task, eval_prompts[:100], max_new_tokens=cfg.max_new_tokens)))
-        metrics[arm] = {"accuracy": accuracy(policy, tok, task, eval_prompts, max_new_tokens=cfg.max_new_tokens),
-                        "update_tokens": float(np.mean(tokens)), "update_cpu_ms": 1e3 * float(np.mean(cpu)),
-                        "peak_activation_mb": peak / 2**20, "frac_reward_zero_std": float(np.mean(zero_std)),
-                        "kept_completion_fraction": float(np.mean(kept_frac))}
-        curves[arm] = [*curve, (total_tokens, metrics[arm]["accuracy"])]
-    # the unbiasedness check, on the SFT start and a fixed batch of its own rollouts
+        # per held-out prompt 0/1 correctness, the same prompts in the same order for every arm
+        completions = generate(policy, tok, eval_prompts, max_new_tokens=cfg.max_new_tokens)
+        prompt_units[arm] = {"accuracy": [float(task.reward(p, c)) for p, c in zip(eval_prompts, completions,
+                                                                                  strict=True)]}
+        update_units[arm] = per_update
+        curves[arm] = [*curve, (total_tokens, float(np.mean(prompt_units[arm]["accuracy"])))]
+    # the unbiasedness check, on the SFT start and a fixed batch of its own rollouts; one unit per independent
+    # sequence of cutoff draws (a replication of the Monte Carlo experiment)
     rng = np.random.default_rng(70_000 + cfg.seed)
     prompts = [task.sample(rng).prompt for _ in range(6)]
     completions = generate(pi0, tok, prompts, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
     draws = list(cfg.unbiased_draws)
+    replications: dict[str, list[float]] = {}
+    reps = gradient_unbiasedness_replicated(pi0, tok, prompts, completions, adv, UniformCutoff(), draws,
+                                            replication_seeds(cfg), ("constant", "tokens"))
     for suffix, normalizer in (("", "constant"), ("_token_normaliser", "tokens")):
-        errors, cos = gradient_unbiasedness(pi0, tok, prompts, completions, adv, UniformCutoff(), draws, cfg.seed,
-                                            normalizer)
-        metrics["ps_ppo"][f"grad_rel_error{suffix}"] = errors[-1]
-        metrics["ps_ppo"][f"grad_cosine{suffix}"] = cos
+        replications[f"grad_rel_error{suffix}"] = [errors[-1] for errors, _ in reps[normalizer]]
+        replications[f"grad_cosine{suffix}"] = [cos for _, cos in reps[normalizer]]
         # $$\log \mathrm{err}(n) \approx a - \tfrac12 \log n$$ for an unbiased estimator; ~0 slope if biased
-        metrics["ps_ppo"][f"grad_error_slope{suffix}"] = float(np.polyfit(np.log(draws), np.log(errors), 1)[0])
-    return SeedRun(metrics, series={"curves": curves})
+        replications[f"grad_error_slope{suffix}"] = [float(np.polyfit(np.log(draws), np.log(errors), 1)[0])
+                                                     for errors, _ in reps[normalizer]]
+    units = {"prompts": prompt_units, "updates": update_units, "replications": {"ps_ppo": replications}}
+    return SeedRun({}, series={"curves": curves}, units=units)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

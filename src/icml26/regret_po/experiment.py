@@ -11,15 +11,19 @@ per-token log-probs are recorded; the pair is labelled by a Bradley-Terry draw o
 share of wrong scratchpad steps, exact here because the optimal continuation is known), not on the realised
 outcome; ties are dropped. Every arm then trains pi_0 on the same pairs, in the same order, for the same steps:
 DPO, RPO (DPO + chosen NLL), IPO, SimPO, RePO (with the behaviour log-probs) and RePO_det. Metrics: greedy
-accuracy on held-out prompts (the task's verifiable reward), and the pair accuracy of the implicit reward
-(mean log-ratio to the reference) on held-out labelled pairs.
+accuracy on held-out prompts (the task's verifiable reward), recorded per prompt (0/1, the same prompts in the
+same order for every arm of a seed, so the claims pair arms by prompt), and the pair accuracy of the implicit
+reward (mean log-ratio to the reference) on held-out labelled pairs.
 
 Example:
     >>> import dataclasses
     >>> from icml26.regret_po.experiment import PRESETS, run
     >>> cfg = dataclasses.replace(PRESETS["smoke"], n_pairs=16, steps=2, eval_prompts=8, eval_every=0)
-    >>> sorted(run(cfg).metrics)
+    >>> out = run(cfg)
+    >>> sorted(out.metrics)
     ['dpo', 'ipo', 'repo', 'repo_det', 'rpo', 'sft', 'simpo']
+    >>> len(out.units["prompts"]["repo"]["accuracy"])
+    8
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import (
     AdditionChain,
+    Task,
     accuracy,
     cached,
     char_tokenizer,
@@ -113,6 +118,12 @@ def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
         model, tok = cached(key, build)
         models.append(model.eval())
     return (tok, *models)
+
+
+def correctness(model: Any, tok: Any, task: Task, prompts: list[str], max_new_tokens: int = 16) -> list[float]:
+    """Per-prompt greedy correctness (1.0 / 0.0, in the order of ``prompts``); its mean is ``tiny_lm.accuracy``."""
+    completions = generate(model, tok, prompts, max_new_tokens=max_new_tokens)
+    return [float(task.reward(p, c)) for p, c in zip(prompts, completions, strict=True)]
 
 
 def _values_at(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:
@@ -229,28 +240,30 @@ def train_arm(arm: str, cfg: Config, tok: Any, pi0: Any, data: dict[str, list[An
 
 
 def run(cfg: Config) -> SeedRun:
-    """One seed: fresh pairs, every arm from the same start, held-out accuracy."""
+    """One seed: fresh pairs, every arm from the same start, held-out accuracy per prompt."""
     tok, pi0, mu_s, mu_w = lab_models(cfg)
     task = AdditionChain(cfg.terms, cfg.max_value)
     data = preference_data(cfg, tok, mu_s, mu_w, cfg.n_pairs, seed=10_000 * (cfg.seed + 1))
     held_out = preference_data(cfg, tok, mu_s, mu_w, max(cfg.n_pairs // 4, 16), seed=10_000 * (cfg.seed + 1) + 5000)
     rng = np.random.default_rng(20_000 + cfg.seed)
     eval_prompts = [task.sample(rng).prompt for _ in range(cfg.eval_prompts)]
+    n_pairs = float(len(data["prompt"]))
+    # per-prompt 0/1 correctness, the same eval_prompts in the same order for every arm (paired by index)
+    per_prompt: dict[str, dict[str, list[float]]] = {
+        "sft": {"accuracy": correctness(pi0, tok, task, eval_prompts),
+                "mu_strong_accuracy": correctness(mu_s, tok, task, eval_prompts),
+                "mu_weak_accuracy": correctness(mu_w, tok, task, eval_prompts)}}
     metrics: dict[str, dict[str, float]] = {
-        "sft": {"accuracy": accuracy(pi0, tok, task, eval_prompts, max_new_tokens=16),
-                "pair_accuracy": pair_accuracy(pi0, pi0, tok, held_out), "pairs": float(len(data["prompt"]))}}
+        "sft": {"pair_accuracy": pair_accuracy(pi0, pi0, tok, held_out), "pairs": n_pairs}}
     curves = {}
     for arm in progress(ARMS, desc=f"regret_po seed {cfg.seed}"):
         torch.manual_seed(cfg.seed)
         policy, curve = train_arm(arm, cfg, tok, pi0, data, eval_prompts)
-        metrics[arm] = {"accuracy": accuracy(policy, tok, task, eval_prompts, max_new_tokens=16),
-                        "pair_accuracy": pair_accuracy(policy, pi0, tok, held_out),
-                        "pairs": float(len(data["prompt"]))}
+        per_prompt[arm] = {"accuracy": correctness(policy, tok, task, eval_prompts)}
+        metrics[arm] = {"pair_accuracy": pair_accuracy(policy, pi0, tok, held_out), "pairs": n_pairs}
         curves[arm] = curve
-    strong = accuracy(mu_s, tok, task, eval_prompts, max_new_tokens=16)
-    weak = accuracy(mu_w, tok, task, eval_prompts, max_new_tokens=16)
-    metrics["sft"].update({"mu_strong_accuracy": strong, "mu_weak_accuracy": weak})
-    return SeedRun(metrics, series={"curves": curves, "sft": metrics["sft"]["accuracy"]})
+    sft_acc = float(np.mean(per_prompt["sft"]["accuracy"]))
+    return SeedRun(metrics, series={"curves": curves, "sft": sft_acc}, units={"prompts": per_prompt})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -123,10 +123,25 @@ class AirspaceCore:
         self.pair_los[b] = False
         self.t[b] = 0
 
-    def reset(self, mask: np.ndarray) -> None:
-        """Start new scenarios in the envs where ``mask`` is True."""
-        for b in np.nonzero(np.asarray(mask, bool))[0]:
-            self._spawn(int(b))
+    def reset(self, mask: np.ndarray, seeds: Sequence[Any] | None = None) -> None:
+        """Start new scenarios in the envs where ``mask`` is True.
+
+        With ``seeds`` (one per selected env, in env order), env b's scenario is drawn from
+        ``np.random.default_rng(seed)`` alone: the same scenario whatever ran before, so that evaluation episodes
+        pair across policies. Without, scenarios come from the core's own stream.
+        """
+        envs = np.nonzero(np.asarray(mask, bool))[0]
+        if seeds is not None and len(seeds) != len(envs):
+            raise ValueError(f"need one seed per reset env: {len(envs)} envs, {len(seeds)} seeds")
+        for k, b in enumerate(envs):
+            if seeds is None:
+                self._spawn(int(b))
+                continue
+            own, self.rng = self.rng, np.random.default_rng(seeds[k])
+            try:
+                self._spawn(int(b))
+            finally:
+                self.rng = own
 
     # --------------------------------------------------------------------------------------------- geometry
     def velocities(self, hdg: np.ndarray | None = None, spd: np.ndarray | None = None) -> np.ndarray:

@@ -14,6 +14,12 @@ aircraft never in LoS), ``los_per_episode``, ``extra_path`` (flown / straight di
 ``instructions_per_aircraft`` (non-maintain clearances), ``action_changes_per_aircraft``, ``overrides_per_aircraft``
 (shield).
 
+**Units**: evaluation episode i of a seed is the scenario drawn from the episode seed ``(50000 + seed [+ N], i)``
+for every arm (``mappo.evaluate_episodes``), so episodes pair by index across arms; every metric but
+``extra_path`` is recorded per episode (units ``episodes`` at N = 5, ``episodes_n20``, ``episodes_n10``) and the
+checks pool them over seeds (falling back to the seed means when the trained policies differ between seeds beyond
+the episode noise).
+
 Example:
     >>> import dataclasses
     >>> from icml26.sarl.experiment import PRESETS, run
@@ -35,7 +41,7 @@ import torch
 from ..common.plotting import new_figure, save_figure
 from ..common.results import SeedRun
 from .env import AirspaceCore
-from .mappo import PPOConfig, evaluate, fly_straight, greedy_direct, greedy_policy, train
+from .mappo import PPOConfig, evaluate_episodes, fly_straight, greedy_direct, greedy_policy, train
 from .policy import KNNMLPPolicy, SARLPolicy
 
 
@@ -81,11 +87,19 @@ def _core(n: int | tuple[int, ...], seed: int, envs: int) -> Callable[[], Airspa
                                 scenario="crossing", seed=seed)
 
 
-def _rename(m: dict[str, float], suffix: str) -> dict[str, float]:
-    names = {"los_events": "los_per_episode", "instructions": "instructions_per_aircraft",
-             "changes": "action_changes_per_aircraft", "overrides": "overrides_per_aircraft"}
-    keep = ("success", "ac_conflict_free", "los_events", "extra_path", "instructions", "changes", "overrides")
-    return {names.get(k, k) + suffix: v for k, v in m.items() if k in keep and v == v}
+_NAMES = {"los_events": "los_per_episode", "instructions": "instructions_per_aircraft",
+          "changes": "action_changes_per_aircraft", "overrides": "overrides_per_aircraft"}
+#: per-episode metrics recorded as units (finite in every episode); extra_path (NaN when no aircraft arrived)
+#: stays a per-seed mean over the episodes where it exists
+UNIT_METRICS = ("success", "ac_conflict_free", "los_events", "instructions", "changes", "overrides")
+
+
+def episode_metrics(eps: list[dict[str, float]], suffix: str) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``(seed-level metrics, per-episode values)`` of one arm at one scale, names with ``suffix``."""
+    units = {_NAMES.get(k, k) + suffix: [float(e[k]) for e in eps] for k in UNIT_METRICS}
+    extra = [e["extra_path"] for e in eps if np.isfinite(e["extra_path"])]
+    metrics = {"extra_path" + suffix: float(np.mean(extra))} if extra else {}
+    return metrics, units
 
 
 def run(cfg: Config) -> SeedRun:
@@ -114,15 +128,20 @@ def run(cfg: Config) -> SeedRun:
         if not shielded:
             arms[f"{name}_kss"] = (act, True)
     metrics: dict[str, dict[str, float]] = {}
+    units: dict[str, dict[str, dict[str, list[float]]]] = {}
     eval_seed = 50_000 + cfg.seed
+    scales = [(5, cfg.eval_episodes, "")] + [(n, cfg.eval_episodes_n20, f"_n{n}") for n in cfg.scales]
     for name, (act, shield_eval) in arms.items():
-        m = _rename(evaluate(act, _core(5, eval_seed, min(cfg.eval_episodes, 32)), episodes=cfg.eval_episodes,
-                             shield_eval=shield_eval), "")
-        for n in cfg.scales:
-            m.update(_rename(evaluate(act, _core(n, eval_seed + n, min(cfg.eval_episodes_n20, 32)),
-                                      episodes=cfg.eval_episodes_n20, shield_eval=shield_eval), f"_n{n}"))
-        metrics[name] = m
-    return SeedRun(metrics, series={"curves": curves})
+        metrics[name] = {}
+        for n, episodes, suffix in scales:
+            # the same seeded scenarios for every arm: episodes pair by index across arms
+            seeds = [(eval_seed + (n if suffix else 0), i) for i in range(episodes)]
+            eps = evaluate_episodes(act, _core(n, eval_seed, min(episodes, 32)), episode_seeds=seeds,
+                                    shield_eval=shield_eval)
+            m, u = episode_metrics(eps, suffix)
+            metrics[name].update(m)
+            units.setdefault("episodes" + suffix, {})[name] = u
+    return SeedRun(metrics, series={"curves": curves}, units=units)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,21 +162,49 @@ def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PP
     return history
 
 
-def evaluate(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: Callable[[], AirspaceCore], *, episodes: int,
-             shield_eval: bool) -> dict[str, float]:
-    """Run ``act_fn`` (core -> (B, N) actions) until ``episodes`` episodes finish; mean metrics."""
+def evaluate_episodes(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: Callable[[], AirspaceCore], *,
+                      episode_seeds: Sequence[Any], shield_eval: bool) -> list[dict[str, float]]:
+    """Run ``act_fn`` (core -> (B, N) actions) on one seeded scenario per entry of ``episode_seeds``; returns
+    each episode's metrics (``AirspaceCore.episode_metrics``) in the order of ``episode_seeds``.
+
+    Episode i's scenario depends on ``episode_seeds[i]`` only (``AirspaceCore.reset(..., seeds=...)``), so two
+    policies evaluated with the same seeds meet the same scenarios and their episodes pair by index. Scenarios run
+    in batches of the core's ``n_envs``; every scenario runs to its end (no finishing-order selection).
+    """
     core = make_core()
+    core.auto_reset = False
     shield = KinematicSafetyShield(core) if shield_eval else None
-    while len(core.finished) < episodes:
-        a = act_fn(core)
-        overridden = None
-        if shield is not None:
-            a, overridden = shield.filter(a)
-        core.step(a, overridden)
-    eps = core.finished[:episodes]
-    keys = eps[0].keys()
+    seeds = list(episode_seeds)
+    out: list[dict[str, float]] = []
+    for start in range(0, len(seeds), core.B):
+        batch = seeds[start:start + core.B]
+        k = len(batch)
+        core.reset(np.ones(core.B, bool), seeds=batch + [batch[-1]] * (core.B - k))
+        core.alive[k:] = False                                     # padding envs of a short last batch
+        done = np.arange(core.B) >= k
+        metrics: list[dict[str, float] | None] = [None] * k
+        while not done.all():
+            a = act_fn(core)
+            overridden = None
+            if shield is not None:
+                a, overridden = shield.filter(a)
+            env_done = core.step(a, overridden)[2]
+            core.finished.clear()
+            for b in np.nonzero(env_done & ~done)[0]:
+                metrics[b] = core.episode_metrics(int(b))
+                core.alive[b] = False                              # finished: it no longer flies or interacts
+            done |= env_done
+        out.extend(m for m in metrics if m is not None)
+    return out
+
+
+def evaluate(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: Callable[[], AirspaceCore], *, episodes: int,
+             shield_eval: bool, episode_seed: int = 0) -> dict[str, float]:
+    """Mean metrics of ``act_fn`` over ``episodes`` seeded scenarios (seeds ``(episode_seed, i)``; NaN-aware)."""
+    eps = evaluate_episodes(act_fn, make_core, episode_seeds=[(episode_seed, i) for i in range(episodes)],
+                            shield_eval=shield_eval)
     out = {k: float(np.nanmean([e[k] for e in eps])) if any(np.isfinite(e[k]) for e in eps) else float("nan")
-           for k in keys}
+           for k in eps[0]}
     out.pop("n", None)
     return out
 

@@ -35,12 +35,26 @@ def inverse_root(A: np.ndarray, exponent: float, eps: float) -> np.ndarray:
     return Q @ np.diag(lam ** (-exponent)) @ Q.T
 
 
+def condition_number(A: np.ndarray, eps: float) -> float:
+    """kappa(A + eps I) = lambda_max / lambda_min with the eigenvalues floored at eps, as ``inverse_root`` sees them.
+
+    The inverse root's forward error grows with it: eigh is backward stable (a perturbation of about u ||A||),
+    and d(lambda^-p)/d lambda = -p lambda^(-p-1) turns that into a relative error of about p u kappa. Tests
+    scale their tolerances by it, so that they hold on any CPU's LAPACK.
+    """
+    lam = np.maximum(np.linalg.eigvalsh(0.5 * (A + A.T) + eps * np.eye(A.shape[0])), eps)
+    return float(lam.max() / lam.min())
+
+
 def reference_shampoo(X0: np.ndarray, grad: Callable[[np.ndarray], np.ndarray], *, steps: int, lr: float,
                       betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, graft_eps: float = 1e-8,
                       weight_decay: float = 0.0, exponents: tuple[float, float] = (0.25, 0.25),
-                      grafting: str = "adam", freq: int = 1, start: int = 1, block: int | None = None
-                      ) -> np.ndarray:
-    """Run ``steps`` steps from ``X0`` with gradients ``grad(X)``; return the final X (float64)."""
+                      grafting: str = "adam", freq: int = 1, start: int = 1, block: int | None = None,
+                      conditions: list[float] | None = None) -> np.ndarray:
+    """Run ``steps`` steps from ``X0`` with gradients ``grad(X)``; return the final X (float64).
+
+    ``conditions``, when given, receives ``condition_number`` of every factor whose inverse root is taken.
+    """
     X = np.array(X0, dtype=np.float64)
     m, n = X.shape
     b = block or max(m, n)
@@ -71,6 +85,9 @@ def reference_shampoo(X0: np.ndarray, grad: Callable[[np.ndarray], np.ndarray], 
                     Linv[i] = inverse_root(L[i] / (1 - b2**k), eL, eps)
                 if eR > 0:
                     Rinv[i] = inverse_root(R[i] / (1 - b2**k), eR, eps)
+                if conditions is not None:
+                    conditions.extend(condition_number(F / (1 - b2**k), eps)
+                                      for F, e in ((L[i], eL), (R[i], eR)) if e > 0)
                 ready[i] = True
         D = A.copy()
         if k >= start:

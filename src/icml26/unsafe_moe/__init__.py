@@ -3,9 +3,18 @@
 Needs the ``hf`` extra (``pip install 'icml26[hf]'``). See ``README.md`` in this folder.
 """
 
-from .attack import FSOUR, RoSaisResult, RouteAttack, random_route_search, rosais, route_disabling_bans
+from .attack import (
+    FSOUR,
+    RoSaisResult,
+    RouteAttack,
+    random_route_attack,
+    random_route_search,
+    rosais,
+    route_disabling_bans,
+)
 from .judge import LLMJudge, RuleJudge
 from .routing import RouterController, RouterInfo, disable_routes, find_routers, route
 
 __all__ = ["FSOUR", "LLMJudge", "RoSaisResult", "RouteAttack", "RouterController", "RouterInfo", "RuleJudge",
-           "disable_routes", "find_routers", "random_route_search", "rosais", "route", "route_disabling_bans"]
+           "disable_routes", "find_routers", "random_route_attack", "random_route_search", "rosais", "route",
+           "route_disabling_bans"]

@@ -378,6 +378,44 @@ def random_route_search(model: Any, tokenizer: Any, prompt: str, target: str, *,
                        time.perf_counter() - start)
 
 
+def random_route_attack(model: Any, tokenizer: Any, prompt: str, target: str, *, n_routes: int, budget: int,
+                        attempts: int = 1, judge: Judge | None = None, success_score: float = 1.0,
+                        subset_size: int | None = None, max_new_tokens: int = 64, seed: int = 0,
+                        controller: RouterController | None = None) -> RouteAttack:
+    """The control matched to :meth:`FSOUR.attack`: the same protocol with random search in place of F-SOUR's.
+
+    Judge the default response (a prompt already jailbroken by default is a success, as for F-SOUR); otherwise up
+    to ``attempts`` :func:`random_route_search` calls (seed + attempt), splitting ``budget`` scored sequences
+    evenly, each applied and judged; the first success, or the best (score, log-prob), is returned. Given F-SOUR's
+    attempts, route count and scored sequences, the control sees the judge as often and scores as many sequences,
+    so the two differ only in how routes are chosen.
+    """
+    if attempts < 1 or budget < 1 or n_routes < 0:
+        raise ValueError("attempts and budget must be >= 1, n_routes >= 0")
+    start = time.perf_counter()
+    judge = judge or RuleJudge()
+    p_ids, t_ids = encode(tokenizer, prompt), encode(tokenizer, target, "target")
+    with controlled(model, controller) as rc:
+        output = greedy(model, tokenizer, p_ids, max_new_tokens)
+        score = float(judge(prompt, output))
+        best = RouteAttack({}, float(target_logprob(model, p_ids, t_ids)[0]), output, score, score >= success_score,
+                           1, 0, 0.0)
+        forwards = 1
+        for attempt in range(attempts):
+            if best.success:
+                break
+            found = random_route_search(model, tokenizer, prompt, target, n_routes=n_routes,
+                                        budget=max(budget // attempts, 1), judge=judge, success_score=success_score,
+                                        subset_size=subset_size, max_new_tokens=max_new_tokens, seed=seed + attempt,
+                                        controller=rc)
+            forwards += found.forwards
+            if (found.score, found.logprob) > (best.score, best.logprob):
+                best = found
+            best.attempts = attempt + 1
+    best.forwards, best.seconds = forwards, time.perf_counter() - start
+    return best
+
+
 @torch.no_grad()
 def route_disabling_bans(model: Any, tokenizer: Any, attacks: Sequence[tuple[str, RouteAttack]], *,
                          per_layer: int = 1, controller: RouterController | None = None) -> dict[int, list[int]]:

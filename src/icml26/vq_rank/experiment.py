@@ -21,8 +21,9 @@ Example:
     >>> import dataclasses
     >>> from icml26.vq_rank.experiment import PRESETS, run
     >>> cfg = dataclasses.replace(PRESETS["smoke"], steps=30, arms=("simvq", "simvq_cr"), prior_steps=10)
-    >>> sorted(run(cfg).metrics["simvq_cr"])[:3]
-    ['codebook_erank', 'erank_ratio', 'feature_erank']
+    >>> out = run(cfg)
+    >>> sorted(out.metrics["simvq_cr"])[:3], len(out.units["images"]["simvq_cr"]["test_mse"]) > 300
+    (['codebook_erank', 'erank_ratio', 'feature_erank'], True)
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from .module import (
 )
 
 ARMS = ("vq", "vq_cr", "simvq", "simvq_cr", "simvq_cr_strong", "ae_warmup", "vq_orth", "fsq")
+#: arms whose per-image test MSE is recorded (the arms the card's fidelity claims compare)
+UNIT_ARMS = ("simvq", "simvq_cr")
 
 
 @dataclass
@@ -244,16 +247,25 @@ def prior_nll_bits(codes_train: np.ndarray, codes_test: np.ndarray, K: int, step
         return float(nll(te)) / math.log(2)
 
 
+def per_image_mse(model: VQVAE, X: Tensor) -> np.ndarray:
+    """Each image's reconstruction MSE (mean over its pixels, float64); their mean is the test MSE."""
+    with torch.no_grad():
+        rec = model(X)[0]
+    return ((rec.double() - X.double()) ** 2).mean(dim=1).numpy()
+
+
 def evaluate(model: VQVAE, cfg: Config, X_tr: Tensor, X_te: Tensor, y_tr: np.ndarray, y_te: np.ndarray
-             ) -> dict[str, float]:
+             ) -> tuple[dict[str, float], np.ndarray]:
+    """``(metrics, per-image test MSE)`` of a trained arm on the held-out split."""
     from sklearn.linear_model import LogisticRegression
 
     with torch.no_grad():
-        rec_te, z_te, idx_te, _ = model(X_te)
+        _, z_te, idx_te, _ = model(X_te)
         _, _, idx_tr, _ = model(X_tr)
         q_tr, _, _ = model.quantizer(model.encode(X_tr))
         q_te, _, _ = model.quantizer(z_te)
-    mse = float(nn.functional.mse_loss(rec_te, X_te))
+    per_image = per_image_mse(model, X_te)
+    mse = math.fsum(per_image.tolist()) / len(per_image)
     codebook = _codebook(model)
     used = torch.unique(idx_tr)
     used_erank = effective_rank(codebook[used]) if used.numel() >= 2 else 0.0
@@ -271,7 +283,7 @@ def evaluate(model: VQVAE, cfg: Config, X_tr: Tensor, X_te: Tensor, y_tr: np.nda
         "prior_nll_bits": prior_nll_bits(idx_tr.numpy(), idx_te.numpy(), codebook.shape[0], cfg.prior_steps,
                                          cfg.seed),
         "probe_accuracy": float(probe.score(q_te.reshape(len(y_te), -1).numpy(), y_te)),
-    }
+    }, per_image
 
 
 REGIMES: dict[str, dict[str, Any]] = {
@@ -292,8 +304,8 @@ class _CosineSimVQ(SimVQQuantizer):
         return super().forward(nn.functional.normalize(z, dim=-1))
 
 
-def regime_pair(name: str, cfg: Config, X_tr: Tensor, X_te: Tensor) -> tuple[float, float]:
-    """Test MSE of SimVQ without and with the regulariser in regime ``name``."""
+def regime_pair(name: str, cfg: Config, X_tr: Tensor, X_te: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image test MSE of SimVQ without and with the regulariser in regime ``name`` (same images, same order)."""
     spec = REGIMES[name]
     base = dataclasses.replace(cfg, codebook_size=spec.get("codebook_size", cfg.codebook_size),
                                dim=spec.get("dim", cfg.dim), steps=int(cfg.steps * spec.get("steps_factor", 1)),
@@ -311,8 +323,7 @@ def regime_pair(name: str, cfg: Config, X_tr: Tensor, X_te: Tensor) -> tuple[flo
             q.weight = w if step >= s else 0.0
 
         model = train_vqvae_with(quantizer, base, X_tr, hook)
-        with torch.no_grad():
-            mses.append(float(nn.functional.mse_loss(model(X_te)[0], X_te)))
+        mses.append(per_image_mse(model, X_te))
     return mses[0], mses[1]
 
 
@@ -339,16 +350,20 @@ def run(cfg: Config) -> SeedRun:
     X_tr = torch.from_numpy(split.X_train) / 16.0
     X_te = torch.from_numpy(split.X_test) / 16.0
     metrics: dict[str, dict[str, float]] = {}
+    images: dict[str, dict[str, list[float]]] = {}
     curves: dict[str, Any] = {}
     for arm in progress(cfg.arms, desc=f"vq_rank seed {cfg.seed}"):
         model = train_vqvae(arm, cfg, X_tr)
-        metrics[arm] = evaluate(model, cfg, X_tr, X_te, split.y_train, split.y_test)
+        metrics[arm], per_image = evaluate(model, cfg, X_tr, X_te, split.y_train, split.y_test)
         curves[arm] = {"erank": metrics[arm]["used_erank"], "mse": metrics[arm]["test_mse"]}
+        if arm in UNIT_ARMS:
+            images[arm] = {"test_mse": per_image.tolist()}
+            del metrics[arm]["test_mse"]  # the mean of its images, filled in by SeedRun
     for name in cfg.regimes:
         plain, regularised = regime_pair(name, cfg, X_tr, X_te)
-        metrics.setdefault("regime_search", {})[f"{name}_mse_delta"] = regularised - plain
-        metrics["regime_search"][f"{name}_mse_plain"] = plain
-    return SeedRun(metrics, series={"points": curves})
+        images[f"regime_{name}"] = {"test_mse": plain.tolist()}
+        images[f"regime_{name}_cr"] = {"test_mse": regularised.tolist()}
+    return SeedRun(metrics, series={"points": curves}, units={"images": images} if images else {})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -1,10 +1,46 @@
 """xFedAlign: aligned, private explanations in federated learning.
 
-Paper: "Explainable Federated Learning via Global-Local Attribution Alignment", ICML 2026 (poster 62427). https://icml.cc/virtual/2026/poster/62427
+Paper: "Explainable Federated Learning via Global-Local Attribution Alignment", ICML 2026 (poster 62427).
+https://icml.cc/virtual/2026/poster/62427 -- official code: https://github.com/dawoodwasif/xFedAlign (MIT).
 
 Task training stays FedAvg in parameter space; explanations are coordinated in a compact group space: each
-client distils a sparse linear surrogate of its model, sends a clipped, quantised, noised top-k artifact of a
-few kilobytes, and the server aggregates a robust prior that aligns local attributions.
+client distils a sparse linear surrogate of its model and sends a clipped, noised, top-k, 8-bit artifact of a
+few hundred bytes; the server aggregates a robust Global Explanation Prior that softly aligns local attributions.
 
-Status: planned — not implemented yet. ``icml26 info xfedalign`` shows the card and its claims.
+``core`` holds the math and ``XFedAlign`` (a ``common.federation.FederatedAlgorithm``); ``XFedAlignStrategy``
+and ``client_app`` run it on Flower (the ``fl`` extra); ``explain`` computes attributions with Captum;
+``metrics`` the one deletion / insertion, drift and membership-inference implementation every arm shares.
+Not implemented: the paper's text task, its CNN and MNIST/CIFAR/AG-News/Adult data (no downloads; see the
+README), the tabular sensitive-feature penalty of the official adult script.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import (
+    SparseArtifact,
+    Surrogate,
+    XFedAlign,
+    aggregate_prior,
+    align,
+    distill_surrogate,
+    jsd,
+    make_artifact,
+    zcdp_epsilon,
+)
+
+_FLOWER = ("XFedAlignStrategy", "client_app", "server_app", "run_flower_strategy")
+
+__all__ = [
+    "SparseArtifact", "Surrogate", "XFedAlign", "XFedAlignStrategy", "aggregate_prior", "align", "client_app",
+    "distill_surrogate", "jsd", "make_artifact", "run_flower_strategy", "server_app", "zcdp_epsilon",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FLOWER:  # Flower is imported only when its adapter is asked for
+        from . import strategy
+
+        return getattr(strategy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

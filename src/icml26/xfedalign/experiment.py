@@ -1,0 +1,435 @@
+"""Reproduction of xFedAlign under the fair protocol: accuracy, drift, faithfulness, bytes, privacy, poisoning.
+
+Worlds (``data.py``): digits (16 2x2 patches) and breast-cancer (10 measurements), each IID and Dirichlet
+non-IID (alpha = 0.3; on digits also an erased pixel band per client). In every world and seed:
+
+1. **Tuning, same effort for every task model**: FedAvg's MLP and Fed-XAI's linear model each pick their
+   learning rate from ``lr_grid`` by accuracy on the clients' validation rows (a federated evaluation).
+2. **Training, every arm its own run, same rounds and seeds**: FedAvg (BL-A), xFedAlign (``core.XFedAlign``),
+   FedAttr-Agg (BL-C) -- the last two train exactly FedAvg's model, since explanations never enter the task
+   loss -- and Fed-XAI (BL-D, the linear model).
+3. **Explanations, one protocol**: every client explains the deployed model's prediction on each of its own
+   test items with Captum's integrated gradients (baseline: training mean), pooled over groups; arms with a
+   shared per-class map P publish rownorm((1 - beta) |IG| + beta P[y_hat]) with the same beta: xFedAlign
+   (P = its prior), FedAttr-Agg (aggregated IG maps), Fed-XAI (|W| of its own linear model, explained by its
+   own exact IG) and ``uniform_prior`` (P uniform: the sanity arm for drift). Local-XAI publishes |IG| alone.
+   Reference arms: ``oracle`` (greedy order read off the metric: the ceiling) and ``random_order`` (trivial).
+4. **Metrics, one implementation** (``metrics.py``): deletion / insertion AUC per test item, EDI per
+   (client, class), accuracy per item; bytes per client and round from the runs' own accounting.
+
+Per-unit outcomes pool the four worlds (units ``items``, ``client_classes``); per-world means are reported as
+``<metric>_<world>``. On the digits Dirichlet world only:
+
+- **privacy**: a shadow membership-inference attack on the shared artifacts (``metrics.membership_attack``):
+  trials build a 120-row client dataset with or without a canary (a training digit with a bright corner
+  patch); every arm computes its shared artifact from the same trial data with the deployed model as teacher;
+  the attack learns the canary's class row -> membership on ``mia_trials`` trials and is scored on as many
+  fresh ones (unit ``trials``). Arms: xFedAlign (default noise), ``xfedalign_nonoise`` (sigma = 0),
+  FedAttr-Agg (dense IG maps), Fed-XAI (its local linear model, what it shares), Local-XAI (shares nothing).
+- **poisoning**: two of eight clients send trigger artifacts (``attacks.py``) for the corner patch (a group no
+  digit uses); per class, whether the trigger enters the top 3 of the final prior (unit ``classes``) under the
+  median (paper) and the mean.
+- **DP**: ``xfedalign_dp8``, noise set so the explanation channel is (8, 1e-5)-DP over the run (client level).
+
+Example:
+    >>> import dataclasses
+    >>> from icml26.xfedalign.experiment import PRESETS, run
+    >>> out = run(dataclasses.replace(PRESETS["smoke"], worlds=("cancer/iid",), mia_trials=0, poison=False))
+    >>> sorted(out.units)
+    ['client_classes', 'items']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..common.federation import run_in_process
+from ..common.plotting import new_figure, save_figure
+from ..common.progress import progress
+from ..common.results import SeedRun
+from .attacks import PoisonedXFedAlign
+from .baselines import FedAttrAgg, FedXAI, class_mean_maps, linear_group_prior
+from .core import (
+    FedTrain,
+    XFedAlign,
+    distill_surrogate,
+    make_artifact,
+    uniform_prior,
+    zcdp_epsilon,
+)
+from .data import FederatedTask, load_task
+from .explain import group_attributions, local_maps, published_explanations
+from .metrics import deletion_insertion, drift_units, greedy_oracle, membership_attack
+from .models import ModelSpec, accuracy_items, local_sgd, predict_logits
+
+WORLDS = ("digits/iid", "digits/dirichlet", "cancer/iid", "cancer/dirichlet")
+EXPLAINED = ("local_xai", "fedattr_agg", "xfedalign", "uniform_prior", "fed_xai")
+
+
+@dataclass
+class Config:
+    """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
+
+    seed: int = 0
+    """seed of the partitions, the model initialisations, the clients' shuffles and noise"""
+    worlds: tuple[str, ...] = WORLDS
+    """``dataset/partition`` pairs to run"""
+    rounds: int = 10
+    """federated rounds of every arm"""
+    local_epochs: int = 2
+    """local epochs per round"""
+    batch_size: int = 16
+    """local minibatch size"""
+    lr_grid: tuple[float, ...] = (0.05, 0.1, 0.2)
+    """learning rates tried for each task model (chosen by validation accuracy)"""
+    alpha: float = 0.3
+    """Dirichlet concentration of the non-IID partitions"""
+    topk_fraction: float = 0.5
+    """k = this fraction of the groups (digits 8 of 16, cancer 5 of 10)"""
+    noise_sigma: float = 0.1
+    """Gaussian noise on the artifacts' unit-norm rows"""
+    beta: float = 0.35
+    """alignment weight of every arm with a shared map (official MNIST value)"""
+    ig_steps: int = 32
+    """integration points of the evaluation's integrated gradients"""
+    random_draws: int = 16
+    """random group orders averaged into the trivial reference of every item"""
+    mia_trials: int = 60
+    """membership-inference trials to train the attack, and as many to score it (0: skip)"""
+    mia_client_size: int = 120
+    """rows of a trial's client dataset (plus the canary or its replacement)"""
+    poison: bool = True
+    """run the poisoning arms and the (8, 1e-5)-DP arm on digits / Dirichlet"""
+    beta_sweep: tuple[float, ...] = (0.0, 0.2, 0.35, 0.5, 0.8, 1.0)
+    """betas of the drift-faithfulness trade-off plot (digits / Dirichlet; no claim reads them)"""
+
+
+PRESETS: dict[str, Config] = {
+    "smoke": Config(worlds=("digits/dirichlet",), rounds=2, lr_grid=(0.1,), ig_steps=8, random_draws=2,
+                    mia_trials=10, beta_sweep=(0.0, 0.35, 1.0)),
+    "quick": Config(),
+    "full": Config(mia_trials=100),
+}
+
+N_CLIENTS = {"digits": 8, "cancer": 6}
+HIDDEN = {"digits": 64, "cancer": 32}
+FEDXAI_L1 = {"digits": 6e-4, "cancer": 2e-3}   # official Fed-XAI L1 (MNIST, tabular)
+TRIGGER_GROUP = 0                              # the top-left 2x2 patch: blank in every digit
+ATTACKERS = (0, 1)
+
+
+def _tune(make, task: FederatedTask, spec: ModelSpec, grid: tuple[float, ...]) -> tuple[float, dict[str, Any]]:
+    """The grid's learning rate with the best validation accuracy (ties: the smaller), and that run's result."""
+    Xv, yv = task.pooled("val")
+    best = None
+    for lr in grid:
+        out = run_in_process(make(lr), task.clients)
+        acc = float(accuracy_items(spec, out["params"], Xv, yv).mean())
+        if best is None or acc > best[0]:
+            best = (acc, lr, out)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _proba(spec: ModelSpec, params: dict[str, np.ndarray]):
+    def f(X: np.ndarray) -> np.ndarray:
+        L = predict_logits(spec, params, X)
+        L -= L.max(1, keepdims=True)
+        E = np.exp(L)
+        return E / E.sum(1, keepdims=True)
+    return f
+
+
+def evaluate_world(cfg: Config, task: FederatedTask, tuned: dict[str, tuple[float, dict[str, Any]]]
+                   ) -> dict[str, Any]:
+    """Train the explanation arms on ``task`` and evaluate every arm; returns per-unit and per-world values.
+
+    ``tuned``: FedAvg's and Fed-XAI's chosen learning rate and the run that chose it (``"fedavg"``, ``"fed_xai"``).
+    """
+    d, C, G = task.n_features, task.n_classes, task.n_groups
+    mlp, lin = ModelSpec(d, C, HIDDEN[task.name]), ModelSpec(d, C, 0)
+    common = dict(rounds=cfg.rounds, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, seed=cfg.seed)
+    topk = max(1, round(cfg.topk_fraction * G))
+    (fedavg_lr, fedavg), (fedxai_lr, fxai) = tuned["fedavg"], tuned["fed_xai"]
+    xfa_algo = XFedAlign(mlp, task.groups, topk=topk, noise_sigma=cfg.noise_sigma, beta=cfg.beta, lr=fedavg_lr,
+                         **common)
+    xfa = run_in_process(xfa_algo, task.clients)
+    attr = run_in_process(FedAttrAgg(mlp, task.groups, task.baseline, lr=fedavg_lr, last_round_only=True,
+                                     **common), task.clients)
+
+    priors = {"local_xai": None, "fedattr_agg": attr["prior"], "xfedalign": xfa["prior"],
+              "uniform_prior": uniform_prior(C, G), "fed_xai": linear_group_prior(fxai["params"], task.groups)}
+    models = {a: (mlp, xfa["params"]) for a in EXPLAINED}
+    models["fed_xai"] = (lin, fxai["params"])
+    betas = {a: (0.0 if a == "local_xai" else cfg.beta) for a in EXPLAINED}
+
+    out: dict[str, Any] = {"items": {}, "client_classes": {}, "world": {}}
+    # per client: explanations of its own test items
+    maps: dict[str, list[np.ndarray]] = {a: [] for a in EXPLAINED}
+    dele: dict[str, list[np.ndarray]] = {a: [] for a in (*EXPLAINED, "random_order", "oracle")}
+    ins: dict[str, list[np.ndarray]] = {a: [] for a in dele}
+    dgain: dict[str, list[np.ndarray]] = {a: [] for a in dele}
+    igain: dict[str, list[np.ndarray]] = {a: [] for a in dele}
+    rng = np.random.default_rng([cfg.seed, 4242])
+    chance: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for client in task.clients:
+        X = client.X_test
+        # the trivial reference: the mean AUCs of ``random_draws`` random group orders, per item and model
+        draws = [rng.random((len(X), G)) for _ in range(cfg.random_draws)]
+        cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        chance.clear()
+        for arm in EXPLAINED:
+            spec, params = models[arm]
+            key = id(params)
+            proba = _proba(spec, params)
+            if key not in cache:
+                cache[key] = group_attributions(spec, params, X, task.baseline, task.groups, n_steps=cfg.ig_steps)
+                pairs = [deletion_insertion(proba, X, r, task.groups, task.baseline, cache[key][1]) for r in draws]
+                chance[key] = (np.mean([p[0] for p in pairs], 0), np.mean([p[1] for p in pairs], 0))
+            pooled, yhat = cache[key]
+            e = published_explanations(local_maps(pooled), yhat, priors[arm], betas[arm])
+            maps[arm].append(e)
+            dl, il = deletion_insertion(proba, X, e, task.groups, task.baseline, yhat)
+            dele[arm].append(dl)
+            ins[arm].append(il)
+            dgain[arm].append(chance[key][0] - dl)
+            igain[arm].append(il - chance[key][1])
+        key = id(xfa["params"])
+        proba = _proba(mlp, xfa["params"])
+        dele["random_order"].append(chance[key][0])
+        ins["random_order"].append(chance[key][1])
+        dgain["random_order"].append(np.zeros(len(X)))
+        igain["random_order"].append(np.zeros(len(X)))
+        od, oi = greedy_oracle(proba, X, task.groups, task.baseline)
+        dele["oracle"].append(deletion_insertion(proba, X, od, task.groups, task.baseline)[0])
+        ins["oracle"].append(deletion_insertion(proba, X, oi, task.groups, task.baseline)[1])
+        dgain["oracle"].append(chance[key][0] - dele["oracle"][-1])
+        igain["oracle"].append(ins["oracle"][-1] - chance[key][1])
+
+    labels = [c.y_test for c in task.clients]
+    for arm in dele:
+        out["items"].setdefault(arm, {})["deletion_auc"] = np.concatenate(dele[arm])
+        out["items"][arm]["insertion_auc"] = np.concatenate(ins[arm])
+        out["items"][arm]["deletion_gain"] = np.concatenate(dgain[arm])
+        out["items"][arm]["insertion_gain"] = np.concatenate(igain[arm])
+    for arm in EXPLAINED:
+        out["client_classes"].setdefault(arm, {})["edi"] = drift_units(maps[arm], labels, C)[0]
+    Xt, yt = task.pooled("test")
+    out["items"]["fedavg"] = {"accuracy": accuracy_items(mlp, fedavg["params"], Xt, yt)}
+    out["items"]["xfedalign"]["accuracy"] = accuracy_items(mlp, xfa["params"], Xt, yt)
+    out["items"]["fedattr_agg"]["accuracy"] = accuracy_items(mlp, attr["params"], Xt, yt)
+    out["items"]["fed_xai"]["accuracy"] = accuracy_items(lin, fxai["params"], Xt, yt)
+    last = xfa["bytes"][-1]
+    out["bytes"] = {"params_up": last["params_up"], "explain_up": last["explain_up"],
+                    "prior_down": last["download"] - last["params_up"],
+                    "fedattr_up": attr["bytes"][-1]["explain_up"]}
+    out["lrs"] = (fedavg_lr, fedxai_lr)
+    out["runs"] = {"xfa": xfa, "algo": xfa_algo, "mlp": mlp, "lin": lin, "fxai": fxai}
+    return out
+
+
+def beta_sweep(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[str, list[float]]:
+    """Mean EDI and insertion AUC of the xFedAlign and uniform priors across ``cfg.beta_sweep``."""
+    mlp, params, prior = world["runs"]["mlp"], world["runs"]["xfa"]["params"], world["runs"]["xfa"]["prior"]
+    C, G = task.n_classes, task.n_groups
+    local, yhats = [], []
+    for client in task.clients:
+        pooled, yhat = group_attributions(mlp, params, client.X_test, task.baseline, task.groups,
+                                          n_steps=cfg.ig_steps)
+        local.append(local_maps(pooled))
+        yhats.append(yhat)
+    out: dict[str, list[float]] = {"beta": list(cfg.beta_sweep)}
+    proba = _proba(mlp, params)
+    for name, P in (("xfedalign", prior), ("uniform_prior", uniform_prior(C, G))):
+        edi, ins = [], []
+        for b in cfg.beta_sweep:
+            maps = [published_explanations(l_, y_, P, b) for l_, y_ in zip(local, yhats, strict=True)]
+            edi.append(float(drift_units(maps, [c.y_test for c in task.clients], C)[0].mean()))
+            ins.append(float(np.concatenate([
+                deletion_insertion(proba, c.X_test, m, task.groups, task.baseline, y_)[1]
+                for c, m, y_ in zip(task.clients, maps, yhats, strict=True)]).mean()))
+        out[f"{name}_edi"], out[f"{name}_insertion"] = edi, ins
+    return out
+
+
+def poisoning(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+    """Two of the clients send trigger artifacts; per class, is the trigger group in the top 3 of the final prior
+    (1/0), and the share of the clean prior's top 3 kept, under the median (the paper's rule) and the mean."""
+    algo: XFedAlign = world["runs"]["algo"]
+    clean_top = np.argsort(-world["runs"]["xfa"]["prior"], axis=1, kind="stable")[:, :3]
+    poisoned = [replace(c, attacker=TRIGGER_GROUP if c.cid in ATTACKERS else None) for c in task.clients]
+    settings = {k: getattr(algo, k) for k in ("topk", "noise_sigma", "beta", "lr", "local_epochs", "batch_size",
+                                              "rounds", "seed")}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for agg, name in (("median", "xfedalign_poisoned"), ("mean", "xfedalign_mean_poisoned")):
+        res = run_in_process(PoisonedXFedAlign(algo.spec, task.groups, aggregation=agg, **settings), poisoned)
+        top3 = np.argsort(-res["prior"], axis=1, kind="stable")[:, :3]
+        out[name] = {"attack_success": (top3 == TRIGGER_GROUP).any(axis=1).astype(float),
+                     "top3_overlap": np.array([len(set(a) & set(b)) / 3 for a, b in zip(top3, clean_top, strict=True)])}
+    return out
+
+
+def dp_arm(cfg: Config, task: FederatedTask, world: dict[str, Any], epsilon: float = 8.0,
+           delta: float = 1e-5) -> dict[str, Any]:
+    """xFedAlign with noise calibrated to (epsilon, delta) over the run; its per-item faithfulness and EDI."""
+    algo: XFedAlign = world["runs"]["algo"]
+    rho = (math.sqrt(math.log(1 / delta) + epsilon) - math.sqrt(math.log(1 / delta))) ** 2
+    sigma = math.sqrt(cfg.rounds * task.n_classes / rho)
+    assert abs(zcdp_epsilon(sigma, task.n_classes, cfg.rounds, delta) - epsilon) < 1e-6
+    settings = {k: getattr(algo, k) for k in ("topk", "beta", "lr", "local_epochs", "batch_size", "rounds", "seed")}
+    res = run_in_process(XFedAlign(algo.spec, task.groups, noise_sigma=sigma, **settings), task.clients)
+    mlp, params = world["runs"]["mlp"], res["params"]
+    maps, dele, ins = [], [], []
+    for client in task.clients:
+        pooled, yhat = group_attributions(mlp, params, client.X_test, task.baseline, task.groups,
+                                          n_steps=cfg.ig_steps)
+        e = published_explanations(local_maps(pooled), yhat, res["prior"], cfg.beta)
+        maps.append(e)
+        dl, il = deletion_insertion(_proba(mlp, params), client.X_test, e, task.groups, task.baseline, yhat)
+        dele.append(dl)
+        ins.append(il)
+    return {"sigma": sigma, "deletion_auc": np.concatenate(dele), "insertion_auc": np.concatenate(ins),
+            "edi": drift_units(maps, [c.y_test for c in task.clients], task.n_classes)[0]}
+
+
+def membership(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per held-out trial, whether the shadow attack guessed membership right, for every arm's shared artifact."""
+    rng = np.random.default_rng([cfg.seed, 777])
+    mlp, lin = world["runs"]["mlp"], world["runs"]["lin"]
+    params, lin_params = world["runs"]["xfa"]["params"], world["runs"]["fxai"]["params"]
+    algo: XFedAlign = world["runs"]["algo"]
+    X, y = task.pooled("train")
+    # the canary: a training digit with its (always blank) top-left patch lit
+    target = int(rng.integers(len(y)))
+    canary = X[target].copy()
+    canary[list(task.groups.groups[TRIGGER_GROUP])] = 1.0
+    c = int(y[target])
+    pool = np.setdiff1d(np.arange(len(y)), [target])
+    same_class = pool[y[pool] == c]
+    M = task.groups.matrix()
+    ig_all, _ = group_attributions(mlp, params, np.vstack([X, canary[None]]), task.baseline, task.groups,
+                                   n_steps=10, target=np.append(y, c))
+    ig_maps = local_maps(ig_all)                       # FedAttr-Agg's per-record maps (official 10 IG steps)
+    teacher_all = predict_logits(mlp, params, np.vstack([X, canary[None]]))
+    feats: dict[str, list[np.ndarray]] = {a: [] for a in ("xfedalign", "xfedalign_nonoise", "fedattr_agg",
+                                                          "fed_xai", "local_xai")}
+    members = []
+    for t in range(2 * cfg.mia_trials):
+        rows = rng.choice(pool, size=cfg.mia_client_size, replace=False)
+        member = bool(t % 2)
+        extra = len(X) if member else int(rng.choice(np.setdiff1d(same_class, rows)))
+        idx = np.append(rows, extra)
+        Xd = np.vstack([X, canary[None]])[idx]
+        yd = np.append(y, c)[idx]
+        sur = distill_surrogate(teacher_all[idx], Xd, temperature=algo.temperature, l1=algo.surrogate_l1,
+                                iters=algo.surrogate_iters)
+        S = sur.group_map(M)
+        counts = np.bincount(yd, minlength=task.n_classes)
+        art = make_artifact(S, algo.topk, noise_sigma=algo.noise_sigma, rng=np.random.default_rng([cfg.seed, t]),
+                            counts=counts)
+        feats["xfedalign"].append(art.dense()[c])
+        feats["xfedalign_nonoise"].append(make_artifact(S, algo.topk, noise_sigma=0.0, counts=counts).dense()[c])
+        maps, _ = class_mean_maps(ig_maps[idx], yd, task.n_classes, max_per_class=None)
+        feats["fedattr_agg"].append(maps[c])
+        local = local_sgd(lin_params, Xd, yd, spec=lin, lr=world["lrs"][1], epochs=cfg.local_epochs,
+                          batch_size=cfg.batch_size, l1=FEDXAI_L1[task.name], seed=int(rng.integers(2**31)))
+        feats["fed_xai"].append(local["0.weight"][c])
+        feats["local_xai"].append(np.zeros(1))
+        members.append(member)
+    members_arr = np.asarray(members)
+    n = cfg.mia_trials
+    return {arm: membership_attack(np.asarray(f[:n]), members_arr[:n], np.asarray(f[n:]), members_arr[n:])
+            for arm, f in feats.items()}
+
+
+def run(cfg: Config) -> SeedRun:
+    """One seed: every world, every arm; per-unit outcomes pooled over worlds."""
+    units: dict[str, dict[str, dict[str, list[float]]]] = {"items": {}, "client_classes": {}}
+    metrics: dict[str, dict[str, float]] = {}
+    series: dict[str, Any] = {}
+    for world_name in progress(cfg.worlds, desc=f"xfedalign seed {cfg.seed}"):
+        name, partition = world_name.split("/")
+        task = load_task(name, partition, n_clients=N_CLIENTS[name], seed=cfg.seed, alpha=cfg.alpha)
+        d, C = task.n_features, task.n_classes
+        common = dict(rounds=cfg.rounds, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, seed=cfg.seed)
+        mlp, lin = ModelSpec(d, C, HIDDEN[name]), ModelSpec(d, C, 0)
+        l1 = FEDXAI_L1[name]
+        tuned = {"fedavg": _tune(lambda lr, s=mlp, c=common: FedTrain(s, lr=lr, **c), task, mlp, cfg.lr_grid),
+                 "fed_xai": _tune(lambda lr, s=lin, c=common, pen=l1: FedXAI(s, l1=pen, lr=lr, **c), task, lin,
+                                  cfg.lr_grid)}
+        lr_mlp, lr_lin = tuned["fedavg"][0], tuned["fed_xai"][0]
+        world = evaluate_world(cfg, task, tuned)
+        tag = world_name.replace("/", "_")
+        for unit in ("items", "client_classes"):
+            for arm, ms in world[unit].items():
+                for metric, values in ms.items():
+                    units[unit].setdefault(arm, {}).setdefault(metric, []).extend(np.asarray(values).tolist())
+                    metrics.setdefault(arm, {})[f"{metric}_{tag}"] = float(np.mean(values))
+        b = world["bytes"]
+        metrics.setdefault("fedavg", {})[f"lr_{tag}"] = lr_mlp
+        metrics.setdefault("fed_xai", {})[f"lr_{tag}"] = lr_lin
+        metrics["fedavg"][f"kb_per_client_round_{tag}"] = b["params_up"] / 1000
+        metrics["xfedalign"][f"kb_per_client_round_{tag}"] = (b["explain_up"] + b["prior_down"]) / 1000
+        metrics["xfedalign"][f"overhead_vs_fedavg_{tag}"] = (b["explain_up"] + b["prior_down"]) / (2 * b["params_up"])
+        metrics["fedattr_agg"][f"kb_per_client_round_{tag}"] = (b["fedattr_up"] + b["prior_down"]) / 1000
+        metrics["xfedalign"][f"epsilon_{tag}"] = min(zcdp_epsilon(cfg.noise_sigma, C, cfg.rounds), 1e12)
+        if world_name == "digits/dirichlet":
+            series["beta_sweep"] = beta_sweep(cfg, task, world)
+            if cfg.poison:
+                pois = poisoning(cfg, task, world)
+                units["classes"] = {arm: {k: v.tolist() for k, v in ms.items()} for arm, ms in pois.items()}
+                dp = dp_arm(cfg, task, world)
+                metrics.setdefault("xfedalign_dp8", {}).update(
+                    {"sigma": dp["sigma"], "deletion_auc_digits_dirichlet": float(dp["deletion_auc"].mean()),
+                     "insertion_auc_digits_dirichlet": float(dp["insertion_auc"].mean()),
+                     "edi_digits_dirichlet": float(dp["edi"].mean())})
+            if cfg.mia_trials > 0:
+                mia = membership(cfg, task, world)
+                units["trials"] = {arm: {"mia_correct": v.tolist()} for arm, v in mia.items()}
+                for arm, v in mia.items():   # TPR - FPR of the balanced game
+                    metrics.setdefault(arm, {})["mia_advantage"] = 2.0 * float(np.mean(v)) - 1.0
+    # the communication claims read one number per arm: the worst world (deterministic given the config)
+    for arm in ("fedavg", "xfedalign", "fedattr_agg"):
+        kbs = [v for k, v in metrics[arm].items() if k.startswith("kb_per_client_round_")]
+        metrics[arm]["kb_per_client_round"] = max(kbs)
+    metrics["xfedalign"]["overhead_vs_fedavg"] = max(v for k, v in metrics["xfedalign"].items()
+                                                     if k.startswith("overhead_vs_fedavg_"))
+    units = {u: v for u, v in units.items() if v}
+    return SeedRun(metrics, series=series, units=units)
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Faithfulness per arm (deletion / insertion, with the ceiling and the trivial order) and the beta trade-off."""
+    arms = result["arms"]
+    paths = []
+    fig, axes = new_figure(1, 2, figsize=(11, 3.8))
+    names = [a for a in ("random_order", "local_xai", "fedattr_agg", "xfedalign", "uniform_prior", "fed_xai",
+                         "oracle") if a in arms and "deletion_gain" in arms[a]]
+    for ax, metric, title in ((axes[0], "deletion_gain", "deletion: random-order AUC - AUC (higher is better)"),
+                              (axes[1], "insertion_gain", "insertion: AUC - random-order AUC (higher is better)")):
+        ax.bar(range(len(names)), [arms[a][metric]["mean"] for a in names],
+               yerr=[arms[a][metric]["std"] for a in names], color="tab:blue")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    paths.append(save_figure(fig, out_dir / f"{result['mode']}_faithfulness.png"))
+    sweeps = [r.series["beta_sweep"] for r in runs if "beta_sweep" in r.series]
+    if sweeps:
+        fig, ax = new_figure(1, 1, figsize=(5.5, 4))
+        for name, style in (("xfedalign", "o-"), ("uniform_prior", "s--")):
+            edi = np.mean([s[f"{name}_edi"] for s in sweeps], axis=0)
+            ins = np.mean([s[f"{name}_insertion"] for s in sweeps], axis=0)
+            ax.plot(edi, ins, style, label=name)
+            for b, x_, y_ in zip(sweeps[0]["beta"], edi, ins, strict=True):
+                ax.annotate(f"{b:g}", (x_, y_), fontsize=7)
+        ax.set_xlabel("EDI (bits, lower: less drift)")
+        ax.set_ylabel("insertion AUC (higher: more faithful)")
+        ax.set_title("digits / Dirichlet: drift vs faithfulness over beta")
+        ax.legend(fontsize=8)
+        paths.append(save_figure(fig, out_dir / f"{result['mode']}_beta_tradeoff.png"))
+    return paths

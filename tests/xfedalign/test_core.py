@@ -1,0 +1,218 @@
+"""xFedAlign's math against independent oracles: loops in reference.py, scipy, KKT conditions, hand values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.spatial.distance
+import scipy.stats
+
+from icml26.xfedalign import reference
+from icml26.xfedalign.core import (
+    SparseArtifact,
+    aggregate_prior,
+    align,
+    distill_surrogate,
+    jsd,
+    make_artifact,
+    normalize_rows,
+    softmax,
+    surrogate_objective,
+    zcdp_epsilon,
+)
+
+
+def _soft_problem(seed=0, n=60, d=5, C=3):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.5, 3, size=d) + rng.normal(size=d)
+    logits = X @ rng.normal(size=(d, C)) + rng.normal(size=(n, C))
+    return X, logits
+
+
+def test_surrogate_gradient_matches_the_loop_reference():
+    X, logits = _soft_problem()
+    sur = distill_surrogate(logits, X, iters=5)
+    Z = (X - sur.mean) / sur.scale
+    P = softmax(logits / 3.0)
+    loss, gW, gb = reference.surrogate_loss_and_grad(sur.W.tolist(), sur.b.tolist(), Z.tolist(), P.tolist())
+    assert surrogate_objective(sur.W, sur.b, Z, P, 0.0) == pytest.approx(loss, abs=1e-12)
+    Q = softmax(Z @ sur.W.T + sur.b) - P
+    np.testing.assert_allclose(Q.T @ Z / len(Z), gW, atol=1e-12)
+    np.testing.assert_allclose(Q.mean(0), gb, atol=1e-12)
+
+
+def test_surrogate_is_a_lasso_optimum_kkt_and_scipy():
+    X, logits = _soft_problem(1)
+    l1 = 0.02
+    sur = distill_surrogate(logits, X, l1=l1, iters=5000)
+    Z = (X - sur.mean) / sur.scale
+    P = softmax(logits / 3.0)
+    G = (softmax(Z @ sur.W.T + sur.b) - P).T @ Z / len(Z)
+    zero = sur.W == 0
+    # KKT of L1: |grad| <= lambda where W = 0; grad = -lambda sign(W) elsewhere; bias gradient 0
+    assert zero.any() and (~zero).any()
+    assert np.all(np.abs(G[zero]) <= l1 + 1e-6)
+    np.testing.assert_allclose(G[~zero], -l1 * np.sign(sur.W[~zero]), atol=1e-6)
+    np.testing.assert_allclose((softmax(Z @ sur.W.T + sur.b) - P).mean(0), 0, atol=1e-8)
+    # an independent solver: L-BFGS-B on W = W+ - W-, W+/- >= 0
+    C, d = sur.W.shape
+
+    def f(v):
+        Wp, Wm, b = v[:C * d].reshape(C, d), v[C * d:2 * C * d].reshape(C, d), v[2 * C * d:]
+        W = Wp - Wm
+        Q = softmax(Z @ W.T + b)
+        val = -(P * np.log(Q)).sum(1).mean() + l1 * (Wp + Wm).sum()
+        g = (Q - P).T @ Z / len(Z)
+        return val, np.concatenate([(g + l1).ravel(), (-g + l1).ravel(), (Q - P).mean(0)])
+
+    bounds = [(0, None)] * (2 * C * d) + [(None, None)] * C
+    opt = scipy.optimize.minimize(f, np.zeros(2 * C * d + C), jac=True, method="L-BFGS-B", bounds=bounds,
+                                  options={"maxiter": 5000, "ftol": 1e-14, "gtol": 1e-10})
+    assert surrogate_objective(sur.W, sur.b, Z, P, l1) == pytest.approx(opt.fun, abs=1e-7)
+
+
+def test_surrogate_standardises_so_lambda_is_scale_free():
+    X, logits = _soft_problem(2)
+    a = distill_surrogate(logits, X, l1=0.01)
+    b = distill_surrogate(logits, 1000.0 * X + 5.0, l1=0.01)
+    np.testing.assert_allclose(a.W, b.W, atol=1e-9)
+    np.testing.assert_allclose(a.logits(X), b.logits(1000.0 * X + 5.0), atol=1e-8)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_artifact_matches_the_loop_reference(sigma):
+    rng = np.random.default_rng(3)
+    S = rng.random((4, 9)) ** 3
+    noise = rng.normal(scale=sigma, size=S.shape)
+    art = make_artifact(S, 4, noise_sigma=sigma, rng=_Fixed(noise))
+    ref = reference.artifact_dense_reference(S.tolist(), 4, noise.tolist() if sigma else None)
+    np.testing.assert_allclose(art.dense(), ref, atol=1e-12)
+    assert (art.values > 0).sum(axis=1).max() <= 4
+
+
+class _Fixed:
+    """A stand-in generator returning a fixed noise draw (so the reference sees the same noise)."""
+
+    def __init__(self, noise):
+        self.noise = noise
+
+    def normal(self, scale, size):
+        assert size == self.noise.shape
+        return self.noise
+
+
+def test_artifact_wire_format_round_trips_and_is_small():
+    rng = np.random.default_rng(4)
+    art = make_artifact(rng.random((10, 16)), 8, noise_sigma=0.1, rng=rng, counts=np.arange(10) * 7)
+    data = art.to_bytes()
+    assert len(data) == art.nbytes == 12 + 2 * 10 + 2 * 10 * 8   # header, counts, indices, values
+    back = SparseArtifact.from_bytes(data)
+    np.testing.assert_array_equal(back.indices, art.indices)
+    np.testing.assert_array_equal(back.values, art.values)
+    np.testing.assert_array_equal(back.counts, art.counts)
+    np.testing.assert_allclose(back.dense(), art.dense())
+    wide = make_artifact(rng.random((2, 300)), 3, noise_sigma=0.0)   # G > 256: two-byte indices
+    assert SparseArtifact.from_bytes(wide.to_bytes()).indices.tolist() == wide.indices.tolist()
+
+
+def test_clipping_bounds_the_sensitivity_of_the_noised_vector():
+    """Any two non-negative maps give clipped vectors at most sqrt(2 C) apart: the mechanism's sensitivity."""
+    C, G = 3, 5
+    worst = 0.0
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        A, B = rng.random((C, G)) ** 8, rng.random((C, G)) ** 8
+        ua = A / np.linalg.norm(A, axis=1, keepdims=True)
+        ub = B / np.linalg.norm(B, axis=1, keepdims=True)
+        worst = max(worst, float(np.linalg.norm(ua - ub)))
+    assert worst <= math.sqrt(2 * C)
+    disjoint = np.linalg.norm(np.eye(C, G) - np.roll(np.eye(C, G), 1, axis=1))   # orthogonal rows reach it
+    assert disjoint == pytest.approx(math.sqrt(2 * C))
+
+
+def test_zcdp_epsilon_hand_value():
+    # rho = R C / sigma^2 = 10 * 10 / 100 = 1; eps = 1 + 2 sqrt(ln 1e5)
+    assert zcdp_epsilon(10.0, 10, 10, 1e-5) == pytest.approx(1 + 2 * math.sqrt(math.log(1e5)))
+    assert zcdp_epsilon(0.0, 10, 10) == math.inf
+
+
+@pytest.mark.parametrize("method", ["median", "mean", "trimmed_mean"])
+def test_prior_matches_the_loop_reference(method):
+    rng = np.random.default_rng(6)
+    maps = [rng.random((3, 5)) for _ in range(7)]
+    present = rng.random((7, 3)) > 0.3
+    present[0] = True
+    prev = normalize_rows(rng.random((3, 5)))
+    ours = aggregate_prior(maps, present=present, method=method, prev=prev, ema=0.6)
+    ref = reference.prior_reference([m.tolist() for m in maps], present.tolist(), method, 0.2, prev.tolist(), 0.6)
+    np.testing.assert_allclose(ours, ref, atol=1e-12)
+
+
+def test_trimmed_mean_is_scipys():
+    rng = np.random.default_rng(7)
+    maps = [normalize_rows(rng.random((1, 4))) for _ in range(10)]
+    ours = aggregate_prior(maps, method="trimmed_mean", trim=0.2)
+    expected = normalize_rows(scipy.stats.trim_mean(np.stack(maps)[:, 0], 0.2, axis=0)[None])
+    np.testing.assert_allclose(ours, expected, atol=1e-12)
+
+
+def test_median_stays_within_the_honest_range_under_a_minority_of_attackers():
+    rng = np.random.default_rng(8)
+    honest = [normalize_rows(rng.random((2, 6)) * np.array([0, 1, 1, 1, 1, 1])) for _ in range(6)]
+    attack = [np.tile(np.eye(1, 6), (2, 1))] * 2        # all mass on group 0, where honest clients put none
+    median = aggregate_prior(honest + attack, method="median")
+    mean = aggregate_prior(honest + attack, method="mean")
+    assert np.all(median[:, 0] == 0.0)
+    assert np.all(mean[:, 0] == pytest.approx(0.25))
+
+
+def test_align_and_jsd():
+    rng = np.random.default_rng(9)
+    S, P = rng.random((4, 6)), normalize_rows(rng.random((4, 6)))
+    for beta in (0.0, 0.35, 1.0):
+        out = align(S, P, beta)
+        for c in range(4):
+            np.testing.assert_allclose(out[c], reference.align_reference(S[c], P[c], beta), atol=1e-12)
+    np.testing.assert_allclose(align(S, P, 1.0), P)
+    p, q = normalize_rows(rng.random((5, 6))), normalize_rows(rng.random((5, 6)))
+    np.testing.assert_allclose(jsd(p, q), [scipy.spatial.distance.jensenshannon(a, b, base=2) ** 2
+                                           for a, b in zip(p, q, strict=True)], atol=1e-12)
+    assert jsd(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+def test_bad_input_is_named():
+    S = np.ones((2, 4))
+    with pytest.raises(ValueError, match="topk must be in"):
+        make_artifact(S, 5, noise_sigma=0.0)
+    with pytest.raises(ValueError, match="topk must be in"):
+        make_artifact(S, 0, noise_sigma=0.0)
+    with pytest.raises(TypeError, match="topk must be an int"):
+        make_artifact(S, 2.0, noise_sigma=0.0)
+    with pytest.raises(ValueError, match="noise_sigma"):
+        make_artifact(S, 2, noise_sigma=-0.1)
+    with pytest.raises(ValueError, match="rng is required"):
+        make_artifact(S, 2, noise_sigma=0.1)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        make_artifact(np.array([[np.nan, 1.0]]), 1, noise_sigma=0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        make_artifact(-S, 1, noise_sigma=0.0)
+    with pytest.raises(ValueError, match="no client holds class 1"):
+        aggregate_prior([S, S], present=[[True, False], [True, False]])
+    with pytest.raises(ValueError, match="same \\(classes, groups\\) shape"):
+        aggregate_prior([S, np.ones((2, 5))])
+    with pytest.raises(ValueError, match="method must be"):
+        aggregate_prior([S], method="max")
+    with pytest.raises(ValueError, match="beta must be in"):
+        align(S, S, 1.5)
+    with pytest.raises(ValueError, match="beta"):
+        align(S, S, -0.1)
+    with pytest.raises(ValueError, match="temperature"):
+        distill_surrogate(np.zeros((3, 2)), np.ones((3, 2)), temperature=0.0)
+    with pytest.raises(ValueError, match="teacher's logits"):
+        distill_surrogate(np.zeros((4, 2)), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="X contains NaN"):
+        distill_surrogate(np.zeros((3, 2)), np.array([[1.0, np.inf]] * 3))
