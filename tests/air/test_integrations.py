@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -33,7 +34,7 @@ end
 
 
 # --------------------------------------------------------------------------------------------- LangChain
-def _langchain_agent(responses, rules_text):
+def _langchain_agent(responses, rules_text, *, async_tools=False):
     pytest.importorskip("langchain")
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -44,17 +45,32 @@ def _langchain_agent(responses, rules_text):
     files = {"a.txt": "hello", "b.txt": "world"}
     trash: dict[str, str] = {}
 
-    @tool
-    def rm(path: str) -> str:
-        """Delete a file (to the trash)."""
-        trash[path] = files.pop(path)
-        return f"deleted {path}"
+    if async_tools:                      # async-only tools: no sync function at all
+        @tool
+        async def rm(path: str) -> str:
+            """Delete a file (to the trash)."""
+            await asyncio.sleep(0)
+            trash[path] = files.pop(path)
+            return f"deleted {path}"
 
-    @tool
-    def restore(path: str) -> str:
-        """Restore a file from the trash."""
-        files[path] = trash.pop(path)
-        return "ok"
+        @tool
+        async def restore(path: str) -> str:
+            """Restore a file from the trash."""
+            await asyncio.sleep(0)
+            files[path] = trash.pop(path)
+            return "ok"
+    else:
+        @tool
+        def rm(path: str) -> str:
+            """Delete a file (to the trash)."""
+            trash[path] = files.pop(path)
+            return f"deleted {path}"
+
+        @tool
+        def restore(path: str) -> str:
+            """Restore a file from the trash."""
+            files[path] = trash.pop(path)
+            return "ok"
 
     @tool
     def boom(x: str) -> str:
@@ -94,6 +110,43 @@ def test_langchain_agent_recovers_an_unrequested_deletion():
     assert "tool exploded" in tool_msgs[2].content and tool_msgs[2].status == "error"   # contained, not raised
     assert out["messages"][-1].content == "done"
     assert [e["before"] for e in mw.log] == ["allow", "block", "allow"]
+
+
+RECOVERY_RULES = """rule del on after_action(rm) detect : not (call.args.path in ctx.user_task)
+    contain - block recover - restore(path=call.args.path) verify call.args.path in state.files end
+    rule keep_a on before_action(rm) detect : call.args.path == "a.txt" contain - block end"""
+
+
+@pytest.mark.parametrize("async_tools", [False, True], ids=["sync tools", "async-only tools"])
+def test_langchain_ainvoke_runs_the_async_hooks(async_tools):
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    agent, air, mw, files = _langchain_agent([_ai("rm", {"path": "b.txt"}, 1), _ai("rm", {"path": "a.txt"}, 2),
+                                              _ai("boom", {"x": "1"}, 3), AIMessage("done")], RECOVERY_RULES,
+                                             async_tools=async_tools)
+    out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("summarise a.txt")]}))
+    tool_msgs = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert files == {"a.txt": "hello", "b.txt": "world"}            # b restored (awaited if async), a kept
+    assert air.incidents[0].rule == "del" and air.incidents[0].remediated
+    assert tool_msgs[0].content.startswith("[AIR]") and tool_msgs[1].content.startswith("[AIR] blocked")
+    assert "tool exploded" in tool_msgs[2].content and tool_msgs[2].status == "error"
+    assert [e["before"] for e in mw.log] == ["allow", "block", "allow"]
+
+
+def test_langchain_astream_and_async_stop():
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    rules = 'rule halt on after_action(rm) detect : call.args.path == "b.txt" contain - stop end'
+    agent, _, _, files = _langchain_agent([_ai("rm", {"path": "b.txt"}, 1), _ai("rm", {"path": "a.txt"}, 2),
+                                           AIMessage("done")], rules)
+
+    async def collect():
+        return [chunk async for chunk in agent.astream({"messages": [HumanMessage("tidy up")]},
+                                                       stream_mode="values")]
+
+    chunks = asyncio.run(collect())
+    assert "a.txt" in files and "b.txt" not in files
+    assert chunks[-1]["messages"][-1].content.startswith("[AIR] The run was stopped")
 
 
 def test_langchain_stop_ends_the_run():

@@ -233,3 +233,18 @@ def test_quick_reproduces_the_committed_results(tmp_path):
     metrics = {f"{arm}.{m}": 0.5 for arm, ms in data["arms"].items() for m in ms if "neglog10_p" in m}
     metrics.update({"gap.h": 0.5, "gap.h_plus_1": 0.5})
     assert_matches_committed(data, atol=0.1, rtol=0.1, metrics=metrics)
+
+
+def test_watermark_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="cluster_map must be a non-empty"):
+        ClusteredKGW(np.array([], dtype=np.int64))
+    with pytest.raises(ValueError, match="cluster_map"):
+        ClusteredKGW(np.array([0.0, 1.0]))
+    wm = ClusteredKGW(np.arange(32) // 2, context_width=1)
+    with pytest.raises(TypeError, match="tokens must be integer token ids, got dtype float64"):
+        wm.score(np.array([1.7, 2.2, 3.9]))
+    with pytest.raises(TypeError, match="tokens must be integer"):
+        wm.score(torch.tensor([1.0, 2.0]))
+    assert wm.score(torch.tensor([1, 2, 3]), min_scored=1)["n_scored"] == 2.0
+    with pytest.raises(ValueError, match=r"tokens must be in \[0, 32\)"):
+        wm.score(np.array([1, 40]))

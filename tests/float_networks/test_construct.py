@@ -162,6 +162,10 @@ def test_bad_input():
         construct(pts, torch.tensor([float("nan"), 0.0]))
     with pytest.raises(TypeError, match="float tensor"):
         construct(pts, torch.tensor([True, False]))
+    with pytest.raises(TypeError, match=r"values must be a float tensor, got dtype torch\.int64"):
+        construct(pts, torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match=r"points must be a float tensor, got dtype torch\.int32"):
+        construct(torch.tensor([0, 1], dtype=torch.int32), torch.zeros(2))
     dense = torch.arange(0, 1, 2.0 ** -11, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"too dense for torch\.float16"):
         construct(dense, torch.zeros(len(dense)), activation="gelu", dtype=torch.float16)

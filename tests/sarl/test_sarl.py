@@ -163,6 +163,26 @@ def test_bad_input():
         core.step(np.full((2, 3), 8))
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_aircraft": 0}, "n_aircraft must be a positive int"),
+    ({"n_aircraft": -2}, "n_aircraft must be a positive int"),
+    ({"n_aircraft": 2.5}, "n_aircraft must be a positive int"),
+    ({"n_aircraft": True}, "n_aircraft must be a positive int"),
+    ({"n_aircraft": []}, "n_aircraft must be a positive int"),
+    ({"n_aircraft": 5, "max_aircraft": 3}, r"max_aircraft must be an int >= n_aircraft \(5\)"),
+    ({"n_aircraft": [2, 6], "max_aircraft": 4}, r"max_aircraft must be an int >= n_aircraft \(6\)"),
+    ({"seed": -1}, "seed must be a non-negative int"),
+    ({"shield": "yes"}, "shield must be True or False"),
+    ({"render_mode": "human"}, "render_mode"),
+])
+def test_parallel_env_bad_configuration_names_the_argument(kwargs, match):
+    pytest.importorskip("pettingzoo")
+    from icml26.sarl import parallel_env
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        parallel_env(**kwargs)
+
+
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("sarl", tmp_path, mode="smoke")
     assert {"sarl", "mlp_knn", "greedy_kss", "sarl_no_shield_kss"} <= set(data["arms"])

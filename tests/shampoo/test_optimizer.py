@@ -59,6 +59,30 @@ def test_exponent_presets_and_warning():
         Shampoo(tiny().parameters(), exponents=(0.125, 0.375))
 
 
+@pytest.mark.parametrize("dtype, value", [(torch.float16, 1000.0), (torch.float32, 1e30), (torch.bfloat16, 1e30)])
+def test_large_finite_gradients_are_not_mistaken_for_overflow(dtype, value):
+    # the 2-norm of these gradients overflows in their own dtype; the gradients themselves are finite
+    w = torch.nn.Parameter(torch.zeros(100, 100, dtype=dtype))
+    opt = Shampoo([w], lr=1e-3)
+    w.grad = torch.full_like(w, value)
+    opt.step()
+    assert torch.isfinite(w).all()
+    w.grad = torch.full_like(w, value)
+    w.grad[3, 4] = float("inf")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        opt.step()
+
+
+def test_complex_parameters_are_refused():
+    z = torch.nn.Parameter(torch.zeros(3, 3, dtype=torch.complex64))
+    with pytest.raises(TypeError, match=r"params: .*complex parameters of shapes \[\(3, 3\)\]"):
+        Shampoo([z])
+    opt = Shampoo([torch.nn.Parameter(torch.zeros(2, 2))])
+    with pytest.raises(TypeError, match="complex"):
+        opt.add_param_group({"params": [z]})
+    assert len(opt.param_groups) == 1
+
+
 def test_nan_gradient_raises_before_touching_state():
     m = tiny()
     opt = Shampoo(m.parameters(), lr=1e-2, precondition_frequency=1)

@@ -52,8 +52,9 @@ class ClusteredKGW:
     def __init__(self, cluster_map: np.ndarray, *, gamma: float = 0.25, delta: float = 2.0, context_width: int = 0,
                  key: int = 15485863):
         cmap = np.asarray(cluster_map)
-        if cmap.ndim != 1 or not np.issubdtype(cmap.dtype, np.integer) or cmap.min() < 0:
-            raise ValueError("cluster_map must be a 1-D array of non-negative cluster ids")
+        if cmap.ndim != 1 or cmap.size == 0 or not np.issubdtype(cmap.dtype, np.integer) or cmap.min() < 0:
+            raise ValueError("cluster_map must be a non-empty 1-D integer array of non-negative cluster ids "
+                             f"(got shape {cmap.shape}, dtype {cmap.dtype})")
         if isinstance(key, bool) or not isinstance(key, int | np.integer):
             raise TypeError(f"key must be an integer, got {type(key).__name__}")
         if not 0 < gamma < 1 or delta < 0 or context_width < 0:
@@ -120,7 +121,11 @@ class ClusteredKGW:
         """
         if dedup not in ("context", "token", "none"):
             raise ValueError(f"dedup must be 'context', 'token' or 'none', got {dedup!r}")
-        t = np.asarray(tokens, dtype=np.int64)
+        raw = tokens.detach().cpu().numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+        if raw.size and not np.issubdtype(raw.dtype, np.integer):
+            raise TypeError(f"tokens must be integer token ids, got dtype {raw.dtype} (a float array would be "
+                            "truncated silently)")
+        t = raw.astype(np.int64)
         if t.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {t.shape}")
         if len(t) and (t.min() < 0 or t.max() >= len(self.cmap)):

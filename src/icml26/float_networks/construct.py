@@ -130,8 +130,8 @@ def _pow2_at_least(v: float) -> float:
 
 def _exact_in(values: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
     v = torch.as_tensor(values)
-    if v.dtype == torch.bool or not (v.dtype.is_floating_point or v.dtype in (torch.int32, torch.int64)):
-        raise TypeError(f"{name} must be a float tensor, got dtype {v.dtype}")
+    if not v.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a float tensor, got dtype {v.dtype} (convert integers with .float())")
     v64 = v.to(torch.float64)
     if not torch.isfinite(v64).all():
         raise ValueError(f"{name} contains NaN or infinity")

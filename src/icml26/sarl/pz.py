@@ -22,10 +22,21 @@ class AirspaceParallelEnv(ParallelEnv):
     def __init__(self, n_aircraft: int = 5, max_aircraft: int | None = None, shield: bool = False,
                  seed: int | None = None, render_mode: str | None = None, **kwargs: Any):
         if render_mode is not None:
-            raise ValueError("rendering is not supported")
-        self.max_aircraft = max_aircraft or n_aircraft
-        if self.max_aircraft < n_aircraft:
-            raise ValueError("max_aircraft must be >= n_aircraft")
+            raise ValueError("render_mode: rendering is not supported")
+        counts = [n_aircraft] if isinstance(n_aircraft, (int, np.integer)) else n_aircraft
+        if (isinstance(n_aircraft, bool) or not isinstance(counts, (list, tuple, range)) or not counts
+                or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 1 for c in counts)):
+            raise ValueError(f"n_aircraft must be a positive int (or a list of them for mixed traffic), got "
+                             f"{n_aircraft!r}")
+        largest = int(max(counts))
+        if max_aircraft is not None and (isinstance(max_aircraft, bool) or not isinstance(max_aircraft, (int, np.integer))
+                                         or max_aircraft < largest):
+            raise ValueError(f"max_aircraft must be an int >= n_aircraft ({largest}), got {max_aircraft!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        if not isinstance(shield, bool):
+            raise TypeError(f"shield must be True or False, got {shield!r}")
+        self.max_aircraft = int(max_aircraft) if max_aircraft is not None else largest
         self._kwargs = {"n_aircraft": n_aircraft, **kwargs}
         self.shield_on = shield
         self._seed = seed

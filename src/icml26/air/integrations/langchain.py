@@ -11,6 +11,12 @@ Hook mapping:
   recovery runs the agent's own tools).
 - ``after_agent``: ``responder.finish()`` (end-of-episode checks and eradication).
 
+Every hook has its async twin (``abefore_agent``, ``abefore_model``, ``awrap_tool_call``, ``aafter_agent``), so
+``agent.ainvoke`` / ``agent.astream`` work: AIR's checks run in a worker thread (a state provider may block),
+the tool itself is awaited, and direct recovery awaits async-only tools on the agent's event loop. Tool calls
+pass through AIR one at a time (a lock around before-action, the tool and after-action), so each action is
+judged on the state it found and left, even when the agent runs several tool calls concurrently.
+
 Example:
     >>> from langchain_core.tools import tool
     >>> from icml26.air import DictState, IncidentResponder, parse
@@ -26,7 +32,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...common.optional import requires
@@ -62,12 +70,21 @@ class AIRMiddleware(AgentMiddleware):
         self._agent_tools = {t.name: t for t in tools}   # not `tools`: that attribute registers middleware tools
         self.stop_reason: str | None = None
         self.log: list[dict[str, Any]] = []
+        self._lock = threading.Lock()                    # one tool call through AIR at a time (sync path)
+        self._alock: asyncio.Lock | None = None          # the same for the async path, made in its event loop
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _execute(self, call: ToolCall) -> Any:
         if call.name not in self._agent_tools:
             raise KeyError(f"recovery tool {call.name!r} is not one of the agent's tools")
-        return self._agent_tools[call.name].invoke(dict(call.args))
+        tool = self._agent_tools[call.name]
+        loop = self._loop
+        if loop is not None and getattr(tool, "func", None) is None and getattr(tool, "coroutine", None):
+            # an async-only tool, called from AIR's worker thread: run it on the agent's event loop
+            return asyncio.run_coroutine_threadsafe(tool.ainvoke(dict(call.args)), loop).result()
+        return tool.invoke(dict(call.args))
 
+    # -- hooks (sync) -------------------------------------------------------------------------------------
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         task = next((_text(m.content) for m in state["messages"] if isinstance(m, HumanMessage)), "")
         self.stop_reason = None
@@ -85,6 +102,50 @@ class AIRMiddleware(AgentMiddleware):
         return None
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        with self._lock:
+            call, early = self._before_tool(request)
+            if early is not None:
+                return early
+            try:
+                out = handler(request)
+            except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
+                out = self._tool_error(request, exc)
+            return self._after_tool(request, call, out)
+
+    def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        self.responder.finish()
+        return None
+
+    # -- hooks (async) ------------------------------------------------------------------------------------
+    async def abefore_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        self._loop = asyncio.get_running_loop()
+        self._alock = asyncio.Lock()
+        return await asyncio.to_thread(self.before_agent, state, runtime)
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.before_model, state, runtime)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+        async with self._alock:
+            call, early = await asyncio.to_thread(self._before_tool, request)
+            if early is not None:
+                return early
+            try:
+                out = await handler(request)
+            except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
+                out = self._tool_error(request, exc)
+            return await asyncio.to_thread(self._after_tool, request, call, out)
+
+    async def aafter_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.after_agent, state, runtime)
+
+    # -- the decisions around one tool call ----------------------------------------------------------------
+    def _before_tool(self, request: Any) -> tuple[ToolCall, Any]:
+        """``(call, None)`` to run the tool, or ``(call, ToolMessage)`` when AIR blocks or stops it."""
         tc = request.tool_call
         call = ToolCall(tc["name"], dict(tc.get("args") or {}))
         d = self.responder.before_action(call)
@@ -92,15 +153,19 @@ class AIRMiddleware(AgentMiddleware):
         if d.kind in ("block", "stop"):
             if d.kind == "stop":
                 self.stop_reason = d.message or "stopped by AIR"
-            return ToolMessage(f"[AIR] {d.message or 'blocked'}", tool_call_id=tc["id"], name=call.name,
-                               status="error")
-        try:
-            out = handler(request)
-            result = _text(out.content) if isinstance(out, ToolMessage) else str(out)
-        except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
-            out = ToolMessage(f"tool error: {type(exc).__name__}: {exc}", tool_call_id=tc["id"], name=call.name,
-                              status="error")
-            result = out.content
+            return call, ToolMessage(f"[AIR] {d.message or 'blocked'}", tool_call_id=tc["id"], name=call.name,
+                                     status="error")
+        return call, None
+
+    @staticmethod
+    def _tool_error(request: Any, exc: Exception) -> Any:
+        tc = request.tool_call
+        return ToolMessage(f"tool error: {type(exc).__name__}: {exc}", tool_call_id=tc["id"], name=tc["name"],
+                           status="error")
+
+    def _after_tool(self, request: Any, call: ToolCall, out: Any) -> Any:
+        tc = request.tool_call
+        result = _text(out.content) if isinstance(out, ToolMessage) else str(out)
         d = self.responder.after_action(call, result)
         self.log[-1]["after"] = d.kind
         if d.kind == "stop":
@@ -112,7 +177,3 @@ class AIRMiddleware(AgentMiddleware):
             return ToolMessage(f"{_text(out.content)}\n[AIR guidance] {extra}", tool_call_id=tc["id"],
                                name=call.name, status=out.status)
         return out
-
-    def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        self.responder.finish()
-        return None
