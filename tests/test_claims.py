@@ -12,10 +12,10 @@ from scipy import stats
 
 from icml26.common.claims import (
     CheckSyntaxError,
+    agresti_min_interval,
     clopper_pearson,
     describe_interval,
     describe_stat,
-    agresti_min_interval,
     ours_text,
     parse_check,
 )

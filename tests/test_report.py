@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
-
-import json
 
 from icml26 import runner
 from icml26.report import ReportError, find_root, replace_block, typed_numbers, update

@@ -14,9 +14,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import re
 import platform
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
