@@ -8,8 +8,10 @@ transform inside each client aligns the marginals; a stacked, within-client-only
 client's dependence; gamma or permutation nulls, random-feature acceleration and a differentially private mode.
 
 ``FederatedIndependenceTest`` (sklearn-style, runs as a federated query on ``icml26.common.federation``, in
-process or on Flower) and ``core`` (the math). Reconstructed from the abstract and prior work: the paper's exact
-statistic, acceleration and privacy mechanism are not available (see the README).
+process or on Flower) and ``core`` (the math); ``icml26.fedit.flower`` (not imported here: it needs the extra) is
+the Flower App (``ServerApp``/``ClientApp`` for ``flwr run``; its project folder is ``fedit/flower_app/``).
+Reconstructed from the abstract and prior work: the paper's exact statistic, acceleration and privacy mechanism
+are not available (see the README).
 """
 
 from .core import aggregate, client_statistics, copula_transform, uniform_median_bandwidth

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from ..common.federation import FederatedAlgorithm, Payload, run_flower, run_in_process
+from ..common.federation import FederatedAlgorithm, Payload, run_in_process
 from .core import (
     ClientStatistics,
     aggregate,
@@ -43,6 +43,7 @@ from .core import (
 )
 
 MIN_ROWS = 5
+RUNNERS = ("in_process", "flower", "flower-deployment")
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ class FederatedIndependenceTest(BaseEstimator):
             the ablation "stacked without alignment").
         alpha: level of ``reject_``.
         random_state: seed of the permutations, the features and the privacy noise.
-        runner: ``"in_process"`` or ``"flower"`` (a Flower simulation; needs the ``fl`` extra).
+        runner: ``"in_process"``, ``"flower"`` (the Flower App ``icml26.fedit.flower`` on Flower's simulation
+            engine, through a local SuperLink and ``flwr run``) or ``"flower-deployment"`` (the same app on one
+            SuperNode process per client); the Flower runners need the ``fl`` extra and take a minute.
 
     Attributes:
         statistic_, pvalue_, reject_, null_mean_, null_var_, n_clients_, client_statistics_ (what each client
@@ -194,7 +197,8 @@ class FederatedIndependenceTest(BaseEstimator):
         self.random_state = random_state
         self.runner = runner
 
-    def _check_params(self, clients: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def _check_settings(self) -> None:
+        """The checks that need no data (also run by the Flower ServerApp on its run config)."""
         if self.null not in ("gamma", "permutation"):
             raise ValueError(f"null must be 'gamma' or 'permutation', got {self.null!r}")
         if self.null == "permutation" and (not isinstance(self.n_permutations, int) or self.n_permutations < 1):
@@ -203,8 +207,8 @@ class FederatedIndependenceTest(BaseEstimator):
             raise ValueError(f"random_features must be None or a positive int, got {self.random_features!r}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
-        if self.runner not in ("in_process", "flower"):
-            raise ValueError(f"runner must be 'in_process' or 'flower', got {self.runner!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(map(repr, RUNNERS))}, got {self.runner!r}")
         if self.privacy is not None:
             if not isinstance(self.privacy, DP):
                 raise TypeError(f"privacy must be a DP(epsilon, delta), got {type(self.privacy).__name__}")
@@ -213,6 +217,10 @@ class FederatedIndependenceTest(BaseEstimator):
                                  "the privacy budget")
             if not self.copula:
                 raise ValueError("privacy needs copula=True (the sensitivity bound is for rank-transformed data)")
+
+    def _check_params(self, clients: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self._check_settings()
+        if self.privacy is not None:
             X, Y = clients[0]
             if X.shape[1] != 1 or Y.shape[1] != 1:
                 raise ValueError("privacy mode supports 1-D X and Y (only then are the null moments free of data)")
@@ -224,7 +232,13 @@ class FederatedIndependenceTest(BaseEstimator):
         seed = int(np.random.default_rng(self.random_state).integers(0, 2**31 - 1))
         query = FedITQuery(copula=self.copula, null=self.null, n_permutations=self.n_permutations,
                            random_features=self.random_features, privacy=self.privacy, seed=seed)
-        stats, result = (run_in_process if self.runner == "in_process" else run_flower)(query, data)
+        if self.runner == "in_process":
+            stats, result = run_in_process(query, data)
+        else:  # the Flower App of flower.py through a local SuperLink: simulation or deployment engine
+            from .flower import run_local
+
+            engine = "simulation" if self.runner == "flower" else "deployment"
+            stats, result = run_local(query, data, engine=engine).result
         self.client_statistics_ = stats
         self.statistic_, self.pvalue_ = result.statistic, result.pvalue
         self.null_mean_, self.null_var_ = result.null_mean, result.null_var
