@@ -7,8 +7,9 @@ Task training stays FedAvg in parameter space; explanations are coordinated in a
 client distils a sparse linear surrogate of its model and sends a clipped, noised, top-k, 8-bit artifact of a
 few hundred bytes; the server aggregates a robust Global Explanation Prior that softly aligns local attributions.
 
-``core`` holds the math and ``XFedAlign`` (a ``common.federation.FederatedAlgorithm``); ``XFedAlignStrategy``
-and ``client_app`` run it on Flower (the ``fl`` extra); ``explain`` computes attributions with Captum;
+``core`` holds the math and ``XFedAlign`` (a ``common.federation.FederatedAlgorithm``); ``server_app`` and
+``client_app`` (``flower``: the harness's Flower apps, the ``fl`` extra; its App project is ``flower_app/``) run it
+on Flower with ``flwr run``, ``run_local`` on a local SuperLink; ``explain`` computes attributions with Captum;
 ``metrics`` the one deletion / insertion, drift and membership-inference implementation every arm shares.
 Not implemented: the paper's text task, its CNN and MNIST/CIFAR/AG-News/Adult data (no downloads; see the
 README), the tabular sensitive-feature penalty of the official adult script.
@@ -30,17 +31,17 @@ from .core import (
     zcdp_epsilon,
 )
 
-_FLOWER = ("XFedAlignStrategy", "client_app", "server_app", "run_flower_strategy")
+_FLOWER = ("client_app", "drop_policy", "run_local", "server_app")
 
 __all__ = [
-    "SparseArtifact", "Surrogate", "XFedAlign", "XFedAlignStrategy", "aggregate_prior", "align", "client_app",
-    "distill_surrogate", "jsd", "make_artifact", "run_flower_strategy", "server_app", "zcdp_epsilon",
+    "SparseArtifact", "Surrogate", "XFedAlign", "aggregate_prior", "align", "client_app", "distill_surrogate",
+    "drop_policy", "jsd", "make_artifact", "run_local", "server_app", "zcdp_epsilon",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _FLOWER:  # Flower is imported only when its adapter is asked for
-        from . import strategy
+        from . import flower
 
-        return getattr(strategy, name)
+        return getattr(flower, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
