@@ -31,7 +31,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("planned", "implemented")
 KINDS = (
     "optimizer", "estimator", "flower-strategy", "trl-loss", "trl-trainer", "hf-trainer", "nn-module",
-    "pettingzoo-env", "agent-middleware", "logits-processor", "solver", "online-learner", "constructor",
+    "pettingzoo-env", "agent-middleware", "logits-processor", "solver", "online-learner", "constructor", "flower-app",
     "intervention", "attack",
 )
 #: the extras of pyproject.toml: ecosystem building blocks, then one per paper (its slug with "-" for "_")
