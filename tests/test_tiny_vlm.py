@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from icml26.common import tiny_vlm  # noqa: E402
-from icml26.common.tiny_vlm import (  # noqa: E402
+from icml26.common import tiny_vlm
+from icml26.common.tiny_vlm import (
     COLORS,
     SHAPES,
     LabRecipe,
@@ -30,10 +30,12 @@ from icml26.common.tiny_vlm import (  # noqa: E402
     sample_scenes,
     save_vlm,
     score_items,
-    tiny_vlm as build_vlm,
     train_vlm,
     trainable_parameters,
     vlm_tokenizer,
+)
+from icml26.common.tiny_vlm import (
+    tiny_vlm as build_vlm,
 )
 
 SPEC = SceneSpec(grid=2)
@@ -229,3 +231,25 @@ def test_lab_recipe_caches_and_shares_the_encoder(tmp_path, monkeypatch):
     for v, w in zip(student.state_dict().values(), again.state_dict().values(), strict=True):
         torch.testing.assert_close(v, w)
     assert len(list((tmp_path / "cache" / "tiny_vlm").iterdir())) == 3  # one encoder, two models
+
+
+def test_segment_masks_and_custom_losses(tok):
+    attrs = sample_scenes(SPEC, np.random.default_rng(10), 3)
+    items = make_items(SPEC, attrs, np.random.default_rng(11), ["attribute", "patch"])
+    b = encode(tok, items, SPEC, attrs, np.random.default_rng(12))
+    seg = tiny_vlm.segment_masks(tok, b)
+    for i, it in enumerate(items):
+        assert int(seg["image"][i].sum()) == 4
+        assert int(seg["instruction"][i].sum()) == len(it.prompt.split())
+        assert int(seg["answer"][i].sum()) == len(it.answer.split()) + 1
+    total = seg["image"].long() + seg["instruction"].long() + seg["answer"].long() + seg["pad"].long()
+    assert (total[:, 1:] == 1).all() and (total[:, 0] == 0).all()  # <s> is in none
+    model = build_vlm(tok, SMALL, SPEC, seed=9)
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append(batch["input_ids"].shape[0])
+        return m(**batch).loss * 0.0 + m.lm_head.weight.pow(2).mean()
+
+    train_vlm(model, instruction_sampler(tok, SPEC, "object", 4), steps=2, loss_fn=loss_fn, desc=None)
+    assert seen == [4, 4]
