@@ -175,3 +175,19 @@ def test_replace_block_and_find_root(tmp_path):
 def test_the_repository_tables_are_fresh():
     outcome = update(ROOT, check=True)
     assert outcome.ok, f"run `icml26 report`: stale {outcome.changed}, problems {outcome.problems}"
+
+
+def test_check_fails_on_a_benchmark_from_a_dirty_tree(tree):
+    from icml26.common.bench import bench_row, write_bench
+
+    root, demo = tree
+    readme = demo.folder / "README.md"
+    readme.write_text(readme.read_text() + "\n<!-- icml26:bench:begin -->\n<!-- icml26:bench:end -->\n")
+    path = write_bench("demo", [bench_row("step", "peer step", 2.0, 1.0)], conditions="toy",
+                       out_dir=root / "results")
+    _edit(path, lambda d: d["env"].update(git_dirty=False))
+    assert update(root, papers=[demo]).problems == []
+    _edit(path, lambda d: d["env"].update(git_dirty=True, git_dirty_files=["benchmarks/demo.py"]))
+    outcome = update(root, papers=[demo], check=True)
+    assert any("dirty tree (uncommitted: benchmarks/demo.py)" in p and "benchmarks/demo.py from a clean" in p
+               for p in outcome.problems), outcome.problems

@@ -439,6 +439,12 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
                 blocks["bench"] = render_bench(bench)
             except ResultSchemaError as exc:
                 problems.append(str(exc))
+            else:
+                env = bench.get("env", {})
+                if env.get("git_dirty"):
+                    files = ", ".join(env.get("git_dirty_files") or []) or "unknown files"
+                    problems.append(f"{bench_path} was written from a dirty tree (uncommitted: {files}); rerun "
+                                    f"benchmarks/{p.slug}.py from a clean commit")
         elif readme.is_file() and has_block(readme.read_text(encoding="utf-8"), "bench"):
             problems.append(f"{readme} has a benchmark block but {bench_path} is missing; run benchmarks/{p.slug}.py")
         _update_file(readme, blocks, check, outcome)
