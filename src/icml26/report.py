@@ -221,8 +221,8 @@ def typed_numbers(text: str, measured: set[float], allowed: Iterable[str] = ()) 
     """Decimal numbers in Markdown prose (outside generated blocks and code) that repeat a measured value.
 
     A number with ``d`` decimals is flagged when some measured value rounds to it at ``d`` decimals, unless it
-    appears in ``allowed`` (the paper's own values, checks, the run's configuration). Such a number goes stale the day the
-    results change: refer to the generated tables instead.
+    appears in ``allowed`` (the paper's own values, checks, the run's configuration and environment, e.g. a
+    torch version). Such a number goes stale the day the results change: refer to the generated tables instead.
     """
     prose = _FENCE_RE.sub("", _BLOCK_RE.sub("", text))
     allowed_text = " ".join(allowed)
@@ -451,7 +451,7 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
         if readme.is_file():
             datas = [d for (slug, _), d in loaded.items() if slug == p.slug] + ([bench] if bench else [])
             allowed = [c.paper.value for c in p.claims] + [c.check.text for c in p.claims] + [
-                json.dumps(d.get("config", {})) for d in datas]
+                json.dumps(d.get("config", {})) for d in datas] + [json.dumps(d.get("env", {})) for d in datas]
             typed = typed_numbers(readme.read_text(encoding="utf-8"), _measured_numbers(datas), allowed)
             if typed:
                 problems.append(f"{readme}: numbers typed into the prose repeat measured values "
