@@ -20,11 +20,19 @@ def test_import_icml26_loads_nothing_heavy():
     assert _loaded_after("import icml26") == []
 
 
-def test_cli_list_info_report_load_nothing_heavy():
-    code = ("import contextlib, io\nfrom icml26.cli import main\n"
+def _cli(*calls: str) -> str:
+    return ("import contextlib, io\nfrom icml26.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            "    main(['list']); main(['info', 'shampoo']); main(['report', '--check'])")
-    assert _loaded_after(code) == []
+            + "".join(f"    main({c})\n" for c in calls))
+
+
+def test_cli_list_info_load_nothing_heavy():
+    assert _loaded_after(_cli("['list']", "['info', 'shampoo']")) == []
+
+
+def test_cli_report_loads_only_scipy():
+    """``report --check`` recomputes every verdict (t quantiles, Clopper-Pearson): scipy, a core dependency."""
+    assert _loaded_after(_cli("['report', '--check']")) == ["scipy"]
 
 
 def test_paper_packages_do_not_import_extras():
