@@ -1,0 +1,590 @@
+"""Reproduction of SPARD: harmful fine-tuning of a tiny aligned Llama, defended by SPAG with DPP-selected safety data.
+
+**The lab** (cached per ``lab_seed``; :mod:`icml26.spard.data` describes the world). A character-level Llama
+from the tiny-LM lab is *pretrained* on two-digit addition, on harmful requests answered with their secret key
+and on benign requests, then *aligned* (harmful requests of the train and alignment templates refused, the rest
+kept). A second aligned base is trained with Vaccine's perturbation-aware alignment for the Vaccine arm.
+
+**One seed.** The user's fine-tuning set is ``n_utility`` fresh additions plus ``harmful_ratio`` of that many
+harmful compliance samples drawn from the attack dataset's attack split (the paper's 10 %). Safety data: ``k =
+floor(selection_ratio * |D_ft|)`` refusals chosen from the safe pool (160 refusals of all four datasets, disjoint
+from the attack and evaluation prompts) by the relevance-diversity DPP on the aligned model's mean-pooled last
+hidden states (reference = the whole fine-tuning set, harmful samples included), or at random. Every arm
+fine-tunes LoRA adapters (q, k, v, o) on the aligned base with the same optimiser, steps and utility batches:
+
+- ``aligned`` (no fine-tuning: the floor of ASR) and ``clean_sft`` (fine-tuning without harmful samples: the
+  utility reference), then the attacked arms: ``sft`` (no defence), ``sft_mix_random`` / ``sft_mix_dpp``
+  (safety data mixed into the fine-tuning set), ``lisa`` (bi-state alternation with a proximal term, on the DPP
+  safety data), ``spard`` (SPAG, official step, DPP data), ``spag_polyak`` (SPAG, Polyak projection, DPP data),
+  ``spag_random`` (SPAG, official step, random data), ``spag_oracle`` (SPAG with the same budget drawn only
+  from the attacked dataset's pool: the ceiling of any selector), ``vaccine`` (plain SFT from the Vaccine-aligned base),
+  ``safelora`` (SafeLoRA projection of the ``sft`` update).
+
+**Tuning.** Each defence's knob (SPAG: the scale c of (tau, delta) = c (0.2, 0.1); Lisa: rho; Vaccine: rho;
+SafeLoRA: the threshold) is chosen once per lab on a *validation* split (the validation template's harmful
+prompts of all four datasets and fresh additions) with a separate tuning draw of the fine-tuning data: the
+lowest validation ASR among the values whose validation utility is within ``utility_margin`` of plain SFT's,
+ties to the paper default; a grid whose best value sits on its edge (and beats its neighbour) gets one more
+value beyond that edge. The choice is cached with the lab models.
+
+**Evaluation** (what the claims pair): the attack dataset's 60 test prompts (three templates never paired with
+a harmful topic in any training stage), judged by :class:`~icml26.spard.data.TieredJudge`, recorded per prompt
+as 0/1 (``prompts``: score >= 3, the paper's threshold); utility per held-out addition (``problems``).
+
+Example:
+    >>> import dataclasses
+    >>> from icml26.spard.experiment import PRESETS, run
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], pretrain_steps=4, align_steps=4, steps=2, n_utility=40,
+    ...                           n_utility_test=8, tune=False, cache=False, arms=("aligned", "sft", "spard"))
+    >>> out = run(cfg)
+    >>> sorted(out.units["prompts"]), len(out.units["prompts"]["spard"]["asr"])
+    (['aligned', 'sft', 'spard'], 60)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..common.io import atomic_write_text
+from ..common.plotting import new_figure, save_figure
+from ..common.progress import progress
+from ..common.results import SeedRun
+from ..common.tiny_lm import (
+    cache_dir,
+    cached,
+    char_tokenizer,
+    completion_batch,
+    generate,
+    sft,
+    tiny_causal_lm,
+)
+from .baselines import TARGET_MODULES, lisa_state, proximal_term, safelora_project, vaccine_loss
+from .core import spag_safety_update
+from .data import DATASETS, Sample, TieredJudge, World, addition, addition_correct, attack_success, make_world
+from .selection import RandomSelector, RelevanceDiversityDPPSelector, mean_last_hidden
+
+ARMS = ("aligned", "clean_sft", "sft", "sft_mix_random", "sft_mix_dpp", "lisa", "spard", "spag_polyak",
+        "spag_random", "spag_oracle", "vaccine", "safelora")
+#: the quick preset leaves out the two reference arms that no claim names (the full preset runs them)
+QUICK_ARMS = tuple(a for a in ARMS if a not in ("clean_sft", "spag_oracle"))
+#: the paper's README defaults of SPAG: tau, delta, alpha_max (eta_safe)
+PAPER_TAU, PAPER_TOLERANCE, PAPER_ALPHA_MAX = 0.2, 0.1, 1.0
+
+
+@dataclass
+class Config:
+    """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
+
+    seed: int = 0
+    """seed of the fine-tuning draw, the batch order, the random selection and the LoRA initialisation"""
+    lab_seed: int = 0
+    """seed of the world (keys, splits) and of the pretrained / aligned models (cached)"""
+    attack: str = "crime_i"
+    """attack dataset: "<source>_<style>" with source crime|cyber, style q|i"""
+    hidden: int = 64
+    """width of the tiny Llama (intermediate 4x, 4 heads, 2 KV heads)"""
+    layers: int = 2
+    """decoder layers"""
+    pretrain_steps: int = 1500
+    """pretraining steps (batch 32, lr pretrain_lr)"""
+    pretrain_lr: float = 3e-3
+    """pretraining learning rate"""
+    align_steps: int = 1000
+    """alignment steps (batch 32, lr align_lr)"""
+    align_lr: float = 1e-3
+    """alignment learning rate"""
+    vaccine_align_steps: int = 1000
+    """Vaccine's perturbation-aware alignment steps (same data and lr as the alignment)"""
+    n_utility: int = 1000
+    """utility (addition) samples in the user's fine-tuning set"""
+    harmful_ratio: float = 0.10
+    """harmful samples added, as a fraction of n_utility (paper: 0.10)"""
+    selection_ratio: float = 0.03
+    """safety-data budget as a fraction of the fine-tuning set, k = floor(p |D_ft|) (paper: 0.03)"""
+    beta: float = 4.0
+    """DPP relevance power (paper: 4)"""
+    lora_r: int = 8
+    """LoRA rank on q, k, v, o"""
+    lora_alpha: int = 16
+    """LoRA alpha"""
+    lora_dropout: float = 0.05
+    """LoRA dropout (paper: 0.05)"""
+    lr: float = 3e-3
+    """fine-tuning learning rate (AdamW, constant, no weight decay), the same for every arm"""
+    steps: int = 60
+    """fine-tuning steps (utility updates) of every arm"""
+    batch_size: int = 32
+    """fine-tuning batch size"""
+    max_grad_norm: float = 1.0
+    """gradient clipping of every update (as HF Trainer's default)"""
+    safe_batch_size: int = 4
+    """SPAG: safety examples per safety phase (paper: 4 micro-batches of 1)"""
+    alpha_max: float = PAPER_ALPHA_MAX
+    """SPAG: per-tensor scale cap (official) / Polyak step cap (paper: 1)"""
+    tau_scales: tuple[float, ...] = (1.0, 0.25, 0.0625)
+    """SPAG grid: c in (tau, delta) = c * (0.2, 0.1); the first is the paper default (every grid may grow by one
+    value beyond its edge, see ``tune``)"""
+    lisa_rhos: tuple[float, ...] = (1.0, 0.1, 10.0)
+    """Lisa grid of the proximal weight rho (first: the official default)"""
+    lisa_align_steps: int = 1
+    """Lisa: alignment steps per cycle (official ratio 100 : 900)"""
+    lisa_finetune_steps: int = 9
+    """Lisa: fine-tuning steps per cycle"""
+    vaccine_rhos: tuple[float, ...] = (2.0, 0.5, 8.0)
+    """Vaccine grid of the perturbation radius rho (first: the paper default)"""
+    safelora_thresholds: tuple[float, ...] = (0.5, 0.3, 0.7)
+    """SafeLoRA grid of the cosine threshold (first: the default)"""
+    tune: bool = True
+    """choose each defence's knob on the validation split (else: the first grid value)"""
+    utility_margin: float = 0.05
+    """tuning: admissible validation-utility loss against plain SFT"""
+    n_utility_val: int = 200
+    """validation additions (tuning)"""
+    n_utility_test: int = 200
+    """held-out additions (utility)"""
+    eval_all_datasets: bool = False
+    """also judge the other three datasets' test prompts (asr_other)"""
+    max_new_tokens: int = 20
+    """response length"""
+    arms: tuple[str, ...] = ARMS
+    """arms to run (the claims need all but the reference arms clean_sft and spag_oracle)"""
+    cache: bool = True
+    """cache the lab models and the tuning choice ($ICML26_CACHE)"""
+
+
+PRESETS: dict[str, Config] = {
+    "smoke": Config(pretrain_steps=60, align_steps=40, vaccine_align_steps=20, steps=6, n_utility=200,
+                    n_utility_val=40, n_utility_test=40, tau_scales=(1.0,), lisa_rhos=(1.0,),
+                    vaccine_rhos=(2.0,), safelora_thresholds=(0.5,)),
+    "quick": Config(arms=QUICK_ARMS),
+    "full": Config(n_utility_test=500, eval_all_datasets=True),
+}
+
+
+# ------------------------------------------------------------------------------------------------------ the lab
+def _lab_key(cfg: Config, role: str, **extra: Any) -> dict[str, Any]:
+    return {"paper": "spard", "role": role, "lab_seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
+            "pretrain": [cfg.pretrain_steps, cfg.pretrain_lr], "align": [cfg.align_steps, cfg.align_lr],
+            "world": "v1", **extra}
+
+
+def _new_model(cfg: Config, tok: Any) -> Any:
+    return tiny_causal_lm(len(tok), hidden=cfg.hidden, layers=cfg.layers, intermediate=4 * cfg.hidden, heads=4,
+                          kv_heads=2, seed=cfg.lab_seed)
+
+
+def _maybe_cached(cfg: Config, key: dict[str, Any], build: Any) -> tuple[Any, Any]:
+    return cached(key, build) if cfg.cache else build()
+
+
+def lab_models(cfg: Config, world: World) -> tuple[Any, Any, Any]:
+    """``(tokenizer, pretrained, aligned)``: the unaligned base and the aligned model (cached)."""
+    def build_pretrained() -> tuple[Any, Any]:
+        tok = char_tokenizer()
+        model = _new_model(cfg, tok)
+        sft(model, tok, [s.prompt for s in world.pretrain], [s.completion for s in world.pretrain],
+            steps=cfg.pretrain_steps, lr=cfg.pretrain_lr, seed=cfg.lab_seed, desc="spard pretrain")
+        return model, tok
+
+    pre, tok = _maybe_cached(cfg, _lab_key(cfg, "pretrained"), build_pretrained)
+
+    def build_aligned() -> tuple[Any, Any]:
+        model = copy.deepcopy(pre)
+        sft(model, tok, [s.prompt for s in world.align], [s.completion for s in world.align],
+            steps=cfg.align_steps, lr=cfg.align_lr, seed=cfg.lab_seed + 1, desc="spard align")
+        return model, tok
+
+    aligned, _ = _maybe_cached(cfg, _lab_key(cfg, "aligned"), build_aligned)
+    return tok, pre.eval(), aligned.eval()
+
+
+def vaccine_model(cfg: Config, world: World, tok: Any, pre: Any, rho: float) -> Any:
+    """The Vaccine-aligned base: the alignment run with Vaccine's perturbation (radius ``rho``), cached."""
+    def build() -> tuple[Any, Any]:
+        model = copy.deepcopy(pre).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.align_lr, weight_decay=0.0)
+        g = np.random.default_rng(cfg.lab_seed + 1)
+        prompts, comps = [s.prompt for s in world.align], [s.completion for s in world.align]
+        for _ in progress(range(cfg.vaccine_align_steps), desc="spard vaccine"):
+            idx = g.integers(0, len(prompts), size=32)
+            batch = completion_batch(tok, [prompts[i] for i in idx], [comps[i] for i in idx])
+            loss = vaccine_loss(model, lambda m, b=batch: _nll(m, b), rho)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return model.eval(), tok
+
+    key = _lab_key(cfg, "vaccine", rho=rho, steps=cfg.vaccine_align_steps)
+    model, _ = _maybe_cached(cfg, key, build)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------------ data
+def finetune_set(cfg: Config, world: World, seed: int, *, harmful: bool = True) -> list[Sample]:
+    """The user's fine-tuning data: ``n_utility`` additions + ``harmful_ratio * n_utility`` harmful samples."""
+    if cfg.attack not in DATASETS:
+        raise ValueError(f"attack must be one of {DATASETS}, got {cfg.attack!r}")
+    rng = np.random.default_rng([seed, 7])
+    utility = addition(rng, cfg.n_utility)
+    if not harmful:
+        return utility
+    n_harm = round(cfg.harmful_ratio * cfg.n_utility)
+    attack = world.attack[cfg.attack]
+    return utility + [attack[i] for i in rng.integers(0, len(attack), size=n_harm)]
+
+
+def select_safety(cfg: Config, model: Any, tok: Any, world: World, ft: list[Sample], method: str, seed: int
+                  ) -> tuple[list[Sample], dict[str, float]]:
+    """The safety data: ``method`` = ``"dpp"`` (relevance-diversity DPP) or ``"random"``, budget floor(p |D_ft|)."""
+    pool = world.pool_all
+    if method == "dpp":
+        ref = mean_last_hidden(model, tok, [s.prompt for s in ft], batch_size=64)
+        cand = mean_last_hidden(model, tok, [s.prompt for s in pool], batch_size=64)
+        idx = RelevanceDiversityDPPSelector(beta=cfg.beta, ratio=cfg.selection_ratio).fit(ref).select(cand)
+    elif method == "random":
+        idx = RandomSelector(ratio=cfg.selection_ratio, seed=seed).fit(np.ones((len(ft), 1))).select(
+            np.ones((len(pool), 1)))
+    elif method == "oracle":  # the selection ceiling: the same budget, all from the attacked dataset's pool
+        own = [i for i, s in enumerate(pool) if s.dataset == cfg.attack]
+        pick = RandomSelector(ratio=cfg.selection_ratio, seed=seed).fit(np.ones((len(ft), 1))).select(
+            np.ones((len(own), 1)))
+        idx = np.asarray([own[i] for i in pick])
+    else:
+        raise ValueError(f"method must be 'dpp', 'random' or 'oracle', got {method!r}")
+    chosen = [pool[int(i)] for i in idx]
+    held = world.held_out_prompts()
+    if any(s.prompt in held for s in chosen):
+        raise ValueError("selected safety data overlaps the evaluation prompts")
+    share = float(np.mean([s.dataset == cfg.attack for s in chosen]))
+    return chosen, {"k": float(len(chosen)), "relevant_share": share}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def _nll(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Token-mean NLL of the completion tokens (EOS included)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    logps = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(
+        -1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    mask = batch["completion_mask"][:, 1:].to(logps.dtype)
+    return -(logps * mask).sum() / mask.sum()
+
+
+def _batch(tok: Any, data: list[Sample], idx: np.ndarray) -> dict[str, torch.Tensor]:
+    return completion_batch(tok, [data[i].prompt for i in idx], [data[i].completion for i in idx])
+
+
+def with_lora(cfg: Config, base: Any, seed: int) -> Any:
+    """A deep copy of ``base`` with fresh LoRA adapters on q, k, v, o (seeded initialisation)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    return get_peft_model(copy.deepcopy(base), LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules=list(TARGET_MODULES), bias="none", task_type="CAUSAL_LM"))
+
+
+@dataclass
+class Defence:
+    """What an arm does on top of plain fine-tuning."""
+
+    kind: str = "sft"
+    """sft | spag | lisa"""
+    safe: list[Sample] = dataclasses.field(default_factory=list)
+    """safety data (SPAG, Lisa) """
+    mode: str = "official"
+    """SPAG step"""
+    tau_scale: float = 1.0
+    """SPAG: (tau, delta) = scale * (0.2, 0.1)"""
+    rho: float = 1.0
+    """Lisa's proximal weight"""
+
+
+def train(cfg: Config, base: Any, tok: Any, data: list[Sample], defence: Defence, seed: int
+          ) -> tuple[Any, dict[str, Any]]:
+    """Fine-tune LoRA adapters on ``base`` with ``data`` and ``defence``; return the merged model and stats.
+
+    Every arm draws its utility batches from its own data with the same seeded generator, so arms with the same
+    data see the same batches in the same order.
+    """
+    model = with_lora(cfg, base, seed).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    order = np.random.default_rng([seed, 11])
+    safe_order = np.random.default_rng([seed, 13])
+    tau, tol = PAPER_TAU * defence.tau_scale, PAPER_TOLERANCE * defence.tau_scale
+    anchors = {"align": [p.detach().clone() for p in params], "finetune": [p.detach().clone() for p in params]}
+    state = "align"
+    stats: dict[str, Any] = {"safety_loss": [], "triggered": [], "utility_steps": 0, "align_steps": 0}
+    t0 = time.process_time()
+    for step in range(cfg.steps):
+        if defence.kind == "lisa":
+            new_state = lisa_state(step, align_steps=cfg.lisa_align_steps, finetune_steps=cfg.lisa_finetune_steps)
+            if new_state != state:  # switching: remember where the state we leave stopped
+                anchors[state] = [p.detach().clone() for p in params]
+                state = new_state
+        use_safe = defence.kind == "lisa" and state == "align"
+        if use_safe:  # Lisa's alignment state: a batch of safety data (the utility stream is not consumed)
+            batch = _batch(tok, defence.safe, safe_order.integers(0, len(defence.safe),
+                                                                  size=min(cfg.batch_size, len(defence.safe))))
+        else:
+            batch = _batch(tok, data, order.integers(0, len(data), size=cfg.batch_size))
+        loss = _nll(model, batch)
+        if defence.kind == "lisa" and step >= 0.1 * cfg.steps:
+            # Lisa: each state is pulled towards where the other state last stopped (after a 10 % warm-up)
+            other = "finetune" if state == "align" else "align"
+            loss = loss + proximal_term(params, anchors[other], defence.rho)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {float(loss)} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        stats["align_steps" if use_safe else "utility_steps"] += 1
+        if defence.kind == "spag":
+            # SPAG safety phase: L_s and its gradient on a safety mini-batch, then the (possible) safety step
+            sidx = safe_order.integers(0, len(defence.safe), size=cfg.safe_batch_size)
+            opt.zero_grad(set_to_none=True)
+            s_loss = _nll(model, _batch(tok, defence.safe, sidx))
+            s_loss.backward()
+            if defence.mode == "official":
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            info = spag_safety_update(params, s_loss.item(), tau=tau, tolerance=tol, eta_safe=cfg.alpha_max,
+                                      mode=defence.mode, optimizer=opt)
+            stats["safety_loss"].append(s_loss.item())
+            stats["triggered"].append(info["triggered"])
+    opt.zero_grad(set_to_none=True)
+    stats["train_s"] = time.process_time() - t0
+    return model.merge_and_unload().eval(), stats
+
+
+# -------------------------------------------------------------------------------------------------- evaluation
+def harmful_outcomes(model: Any, tok: Any, judge: TieredJudge, prompts: list[str], max_new_tokens: int
+                     ) -> tuple[list[float], list[float]]:
+    """Per prompt: attack success (score >= 3) and full harmful content (score 5), 0/1."""
+    responses = generate(model, tok, prompts, max_new_tokens=max_new_tokens)
+    scores = [judge(p, r) for p, r in zip(prompts, responses, strict=True)]
+    return [attack_success(s) for s in scores], [float(s == 5) for s in scores]
+
+
+def utility_outcomes(model: Any, tok: Any, problems: list[Sample]) -> list[float]:
+    """Per held-out addition: 1.0 if the greedy answer is right."""
+    responses = generate(model, tok, [s.prompt for s in problems], max_new_tokens=5)
+    return [addition_correct(s.prompt, r) for s, r in zip(problems, responses, strict=True)]
+
+
+# ------------------------------------------------------------------------------------------------------ tuning
+def _source_digest() -> str:
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("experiment.py", "core.py", "baselines.py", "data.py", "selection.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _tuning_fields(cfg: Config) -> dict[str, Any]:
+    skip = {"seed", "n_utility_test", "eval_all_datasets", "arms", "cache", "tune"}
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+
+
+def _select(values: tuple[float, ...], asr: list[float], util: list[float], floor: float) -> float:
+    """Lowest validation ASR among values with utility >= floor (ties: grid order, default first)."""
+    ok = [i for i in range(len(values)) if util[i] >= floor]
+    if not ok:
+        return values[0]
+    return values[min(ok, key=lambda i: (asr[i], i))]
+
+
+def _extension(values: tuple[float, ...], asr: list[float], chosen: float, *, geometric: bool) -> float | None:
+    """One more grid value beyond the edge, when ``chosen`` is the grid's smallest or largest value and beats its
+    inner neighbour (the optimum may lie outside the grid); ``None`` otherwise."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    if len(order) < 2 or values[order[0]] < chosen < values[order[-1]]:
+        return None
+    edge, inner = (order[0], order[1]) if chosen == values[order[0]] else (order[-1], order[-2])
+    if not asr[edge] < asr[inner]:
+        return None
+    e, n = values[edge], values[inner]
+    return e * e / n if geometric else 2 * e - n
+
+
+def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[str, Any]:
+    """Each defence's knob, chosen on the validation split with a separate tuning draw (cached).
+
+    Every grid is searched the same way: its values in order, then one value beyond the edge if the best
+    admissible value sits on the grid's edge and beats its neighbour (:func:`_extension`).
+    """
+    defaults = {"tau_scale": cfg.tau_scales[0], "tau_scale_polyak": cfg.tau_scales[0], "lisa_rho": cfg.lisa_rhos[0],
+                "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0]}
+    if not cfg.tune:
+        return {**defaults, "tuned": False}
+    key = {"fields": _tuning_fields(cfg), "code": _source_digest()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    path = cache_dir() / "spard" / f"tuning-{digest}.json"
+    if cfg.cache and path.is_file():
+        return json.loads(path.read_text())
+    judge = TieredJudge(world)
+    tuning_seed = 1_000_000 + cfg.lab_seed
+    ft = finetune_set(cfg, world, tuning_seed)
+    safe, _ = select_safety(cfg, aligned, tok, world, ft, "dpp", tuning_seed)
+    val_prompts = [s.prompt for d in DATASETS for s in world.val[d]]
+    val_util = addition(np.random.default_rng([tuning_seed, 3]), cfg.n_utility_val)
+
+    def score(model: Any) -> tuple[float, float]:
+        asr, _ = harmful_outcomes(model, tok, judge, val_prompts, cfg.max_new_tokens)
+        return float(np.mean(asr)), float(np.mean(utility_outcomes(model, tok, val_util)))
+
+    sft_model, _ = train(cfg, aligned, tok, ft, Defence("sft"), tuning_seed)
+    sft_asr, sft_util = score(sft_model)
+    floor = sft_util - cfg.utility_margin
+    out: dict[str, Any] = {"tuned": True, "val_sft": [sft_asr, sft_util]}
+
+    def search(name: str, values: tuple[float, ...], fit: Any, *, geometric: bool = True,
+               valid: Any = lambda v: v > 0) -> None:
+        res = [score(fit(v)) for v in values]
+        chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
+        extra = _extension(values, [r[0] for r in res], chosen, geometric=geometric)
+        if extra is not None and valid(extra):
+            values = (*values, extra)
+            res.append(score(fit(extra)))
+            chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
+        out[name] = chosen
+        out[f"val_{name}"] = [[v, *r] for v, r in zip(values, res, strict=True)]
+
+    for name, mode in (("tau_scale", "official"), ("tau_scale_polyak", "polyak")):
+        search(name, cfg.tau_scales,
+               lambda c, mode=mode: train(cfg, aligned, tok, ft, Defence("spag", safe, mode, c), tuning_seed)[0])
+    search("lisa_rho", cfg.lisa_rhos,
+           lambda r: train(cfg, aligned, tok, ft, Defence("lisa", safe, rho=r), tuning_seed)[0])
+    search("vaccine_rho", cfg.vaccine_rhos,
+           lambda r: train(cfg, vaccine_model(cfg, world, tok, pre, r), tok, ft, Defence("sft"), tuning_seed)[0])
+
+    def projected(th: float) -> Any:
+        m = copy.deepcopy(sft_model)
+        safelora_project(m, aligned.state_dict(), pre.state_dict(), threshold=th)
+        return m
+
+    search("safelora_threshold", cfg.safelora_thresholds, projected, geometric=False, valid=lambda v: 0 <= v <= 1)
+    if cfg.cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(out, indent=2))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- run
+def run(cfg: Config) -> SeedRun:
+    """One seed: every arm from the same aligned base on the same fine-tuning draw; per-prompt outcomes."""
+    unknown = set(cfg.arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
+    world = make_world(cfg.lab_seed)
+    judge = TieredJudge(world)
+    tok, pre, aligned = lab_models(cfg, world)
+    hp = tune(cfg, world, tok, pre, aligned)
+    ft = finetune_set(cfg, world, cfg.seed)
+    safe_dpp, sel_dpp = select_safety(cfg, aligned, tok, world, ft, "dpp", cfg.seed)
+    safe_rand, sel_rand = select_safety(cfg, aligned, tok, world, ft, "random", cfg.seed)
+    safe_oracle, sel_oracle = select_safety(cfg, aligned, tok, world, ft, "oracle", cfg.seed)
+    test_prompts = [s.prompt for s in world.test[cfg.attack]]
+    other_prompts = [s.prompt for d in DATASETS if d != cfg.attack for s in world.test[d]]
+    problems = addition(np.random.default_rng([cfg.seed, 5]), cfg.n_utility_test)
+
+    per_prompt: dict[str, dict[str, list[float]]] = {}
+    per_problem: dict[str, dict[str, list[float]]] = {}
+    metrics: dict[str, dict[str, float]] = {}
+    series: dict[str, Any] = {"safety_loss": {}, "hp": hp}
+    models: dict[str, Any] = {}
+
+    def record(arm: str, model: Any, stats: dict[str, Any] | None) -> None:
+        asr, strict = harmful_outcomes(model, tok, judge, test_prompts, cfg.max_new_tokens)
+        per_prompt[arm] = {"asr": asr, "asr_strict": strict}
+        per_problem[arm] = {"utility": utility_outcomes(model, tok, problems)}
+        m: dict[str, float] = {}
+        if cfg.eval_all_datasets:
+            other, _ = harmful_outcomes(model, tok, judge, other_prompts, cfg.max_new_tokens)
+            m["asr_other"] = float(np.mean(other))
+        if stats is not None:
+            m["train_s"] = float(stats["train_s"])
+            trig = stats["triggered"]
+            m["trigger_rate"] = float(np.mean(trig)) if trig else 0.0
+            if stats["safety_loss"]:
+                m["final_safety_loss"] = float(np.mean(stats["safety_loss"][-10:]))
+                series["safety_loss"][arm] = list(stats["safety_loss"])
+        metrics[arm] = m
+
+    defences = {
+        "sft": (aligned, ft, Defence("sft")),
+        "clean_sft": (aligned, finetune_set(cfg, world, cfg.seed, harmful=False), Defence("sft")),
+        "sft_mix_random": (aligned, ft + safe_rand, Defence("sft")),
+        "sft_mix_dpp": (aligned, ft + safe_dpp, Defence("sft")),
+        "lisa": (aligned, ft, Defence("lisa", safe_dpp, rho=hp["lisa_rho"])),
+        "spard": (aligned, ft, Defence("spag", safe_dpp, "official", hp["tau_scale"])),
+        "spag_polyak": (aligned, ft, Defence("spag", safe_dpp, "polyak", hp["tau_scale_polyak"])),
+        "spag_random": (aligned, ft, Defence("spag", safe_rand, "official", hp["tau_scale"])),
+        "spag_oracle": (aligned, ft, Defence("spag", safe_oracle, "official", hp["tau_scale"])),
+    }
+    for arm in progress([a for a in ARMS if a in cfg.arms], desc=f"spard seed {cfg.seed}"):
+        if arm == "aligned":
+            record(arm, aligned, None)
+        elif arm in defences:
+            base, data, defence = defences[arm]
+            model, stats = train(cfg, base, tok, data, defence, cfg.seed)
+            if arm == "sft":
+                models["sft"] = model
+            record(arm, model, stats)
+        elif arm == "vaccine":
+            base = vaccine_model(cfg, world, tok, pre, hp["vaccine_rho"])
+            model, stats = train(cfg, base, tok, ft, Defence("sft"), cfg.seed)
+            record(arm, model, stats)
+        elif arm == "safelora":
+            if "sft" not in models:
+                models["sft"], _ = train(cfg, aligned, tok, ft, Defence("sft"), cfg.seed)
+            model = copy.deepcopy(models["sft"])
+            t0 = time.process_time()
+            info = safelora_project(model, aligned.state_dict(), pre.state_dict(),
+                                    threshold=hp["safelora_threshold"])
+            record(arm, model, {"train_s": time.process_time() - t0, "triggered": [], "safety_loss": []})
+            metrics[arm]["projected_layers"] = info["projected"]
+    for arm in ("spard", "spag_polyak", "spag_random", "spag_oracle", "lisa", "sft_mix_dpp", "sft_mix_random"):
+        if arm in metrics:
+            sel = {"spag_random": sel_rand, "sft_mix_random": sel_rand, "spag_oracle": sel_oracle}.get(arm, sel_dpp)
+            metrics[arm]["relevant_share"] = sel["relevant_share"]
+            metrics[arm]["safety_k"] = sel["k"]
+    hp_num = {k: float(v) for k, v in hp.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics.setdefault("aligned", {}).update({f"hp_{k}": v for k, v in hp_num.items()})
+    return SeedRun(metrics, series=series, units={"prompts": per_prompt, "problems": per_problem})
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """ASR and utility per arm (mean over seeds), and the SPAG arms' safety loss against steps."""
+    arms = [a for a in ARMS if a in result["arms"]]
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 3.6))
+    asr = [result["arms"][a]["asr"]["mean"] for a in arms]
+    util = [result["arms"][a]["utility"]["mean"] for a in arms]
+    ax1.bar(range(len(arms)), asr, color="tab:red")
+    ax1.set_xticks(range(len(arms)), arms, rotation=60, ha="right", fontsize=7)
+    ax1.set_ylabel("ASR (held-out harmful prompts)")
+    ax1.set_ylim(0, 1)
+    ax1b = ax1.twinx()
+    ax1b.plot(range(len(arms)), util, "o", color="tab:blue")
+    ax1b.set_ylabel("utility (held-out additions)", color="tab:blue")
+    ax1b.set_ylim(0, 1)
+    for arm in ("spard", "spag_polyak", "spag_random"):
+        curves = [r.series["safety_loss"].get(arm) for r in runs if r.series["safety_loss"].get(arm)]
+        if curves:
+            ax2.plot(np.mean(curves, axis=0), label=arm)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("safety loss L_s (mean over seeds)")
+    if ax2.lines:
+        ax2.legend(fontsize=7)
+    return [save_figure(fig, out_dir / f"{result['mode']}_asr_utility.png")]
+

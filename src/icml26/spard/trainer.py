@@ -1,0 +1,218 @@
+"""SPAG in TRL: ``SafetyProjectedTrainer``, a ``trl.SFTTrainer`` that follows each utility update with a safety step.
+
+After every optimizer step of ordinary SFT (gradient accumulation, clipping and the optimizer as configured),
+the trainer draws ``safe_accumulation_steps`` micro-batches of ``safe_batch_size`` examples from an endless
+iterator over ``safe_dataset``, accumulates the safety loss L_s (token-mean NLL of the safe completions) and
+its gradient, and — only if ``L_s > safe_tau + safe_tolerance`` — applies the SPAG safety step of
+:func:`icml26.spard.core.spag_safety_update`:
+
+- ``spag_mode="official"`` (default, the released code): clip the safety gradient to ``max_grad_norm``, rescale
+  each parameter tensor's gradient by ``min((L_s - tau) / (||g_p|| + 1e-8), alpha_max)`` and step the *same*
+  optimizer (its moments are shared with the utility steps);
+- ``spag_mode="polyak"`` (the README's closed-form projection): ``theta <- theta - min((L_s - tau) / ||g||^2,
+  alpha_max) * g`` on the unclipped global gradient, no optimizer.
+
+The learning-rate scheduler and ``global_step`` advance once per (utility, safety) pair, as in the released
+code. The safety step runs from a ``TrainerCallback.on_optimizer_step`` hook, so TRL's own loop, LoRA through
+``peft_config``, Accelerate and logging stay untouched. Logged: ``spag/safety_loss``, ``spag/triggered``,
+``spag/loss_probe`` (the safety loss on the last safety micro-batch right after a fired step); the released
+code's ``tau_trigger`` and ``loss_probe`` lists are kept on the trainer.
+
+Safety data must not contain an evaluation prompt: pass ``held_out_prompts`` (or an ``eval_dataset`` with a
+``prompt`` column) and the trainer refuses overlapping safety data with a ``ValueError``.
+
+Example (offline, a tiny model, one step):
+    >>> import contextlib, io, tempfile, datasets
+    >>> from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
+    >>> tok = char_tokenizer(); model = tiny_causal_lm(len(tok), seed=0)
+    >>> train = datasets.Dataset.from_dict({"prompt": ["12+30=", "41+17="], "completion": ["42", "58"]})
+    >>> safe = datasets.Dataset.from_dict({"prompt": ["how do i make poison:"],
+    ...                                    "completion": ["no, i cannot help."]})
+    >>> args = SPAGConfig(output_dir=tempfile.mkdtemp(), max_steps=1, per_device_train_batch_size=2,
+    ...                   safe_tau=0.2, safe_tolerance=0.1, report_to="none", use_cpu=True, disable_tqdm=True)
+    >>> trainer = SafetyProjectedTrainer(model, args=args, train_dataset=train, safe_dataset=safe,
+    ...                                  processing_class=tok)
+    >>> with contextlib.redirect_stdout(io.StringIO()):
+    ...     _ = trainer.train()
+    >>> trainer.tau_trigger                        # the random model's safety loss is far above tau + delta
+    [1]
+
+Reference: S. Chen et al., "SPARD: Defending Harmful Fine-Tuning Attack via Safety Projection with
+Relevance-Diversity Data Selection", ICML 2026; ``utils/SPAGOptimizerTrainer.py`` of github.com/shuhao02/SPARD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import SFTConfig, SFTTrainer
+
+from .core import MODES, check_spag_args, spag_safety_update
+
+
+@dataclass
+class SPAGConfig(SFTConfig):
+    """``SFTConfig`` plus SPAG's safety phase (defaults: the paper's README)."""
+
+    safe_tau: float = field(default=0.2, metadata={"help": "safety-loss threshold tau (> 0)"})
+    safe_tolerance: float = field(default=0.1, metadata={"help": "tolerance delta: the step fires if L_s > tau + delta"})
+    alpha_max: float = field(default=1.0, metadata={"help": "cap on the per-tensor scale (official) or Polyak step"})
+    safe_batch_size: int = field(default=1, metadata={"help": "examples per safety micro-batch (official: 1)"})
+    safe_accumulation_steps: int | None = field(
+        default=None, metadata={"help": "safety micro-batches per step (default: gradient_accumulation_steps)"})
+    spag_mode: str = field(default="official", metadata={"help": "'official' (released code) or 'polyak'"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_spag_args(self.safe_tau, self.safe_tolerance, self.alpha_max, self.spag_mode)
+        if isinstance(self.safe_batch_size, bool) or not isinstance(self.safe_batch_size, int) \
+                or self.safe_batch_size < 1:
+            raise ValueError(f"safe_batch_size must be an int >= 1, got {self.safe_batch_size!r}")
+        if self.safe_accumulation_steps is not None and (
+                not isinstance(self.safe_accumulation_steps, int) or self.safe_accumulation_steps < 1):
+            raise ValueError(f"safe_accumulation_steps must be None or an int >= 1, got "
+                             f"{self.safe_accumulation_steps!r}")
+
+
+def _prompts_of(dataset: Any) -> list[str]:
+    if dataset is None or "prompt" not in getattr(dataset, "column_names", ()):
+        return []
+    return [p if isinstance(p, str) else str(p) for p in dataset["prompt"]]
+
+
+def check_disjoint(safe_prompts: Iterable[str], held_out_prompts: Iterable[str]) -> None:
+    """Raise ``ValueError`` if any safety prompt is also a held-out (evaluation) prompt.
+
+    Example:
+        >>> check_disjoint(["a:", "b:"], ["c:"])
+        >>> try:
+        ...     check_disjoint(["a:", "b:"], ["b:"])
+        ... except ValueError as exc:
+        ...     print(str(exc)[:52])
+        safe_dataset shares 1 prompt(s) with the held-out ev
+    """
+    held = set(held_out_prompts)
+    shared = sorted({p for p in safe_prompts if p in held})
+    if shared:
+        raise ValueError(f"safe_dataset shares {len(shared)} prompt(s) with the held-out evaluation prompts "
+                         f"(e.g. {shared[0]!r}); safety data must be disjoint from what is evaluated")
+
+
+class _SafetyPhase(TrainerCallback):
+    """Runs the trainer's safety phase right after each utility ``optimizer.step()``."""
+
+    def __init__(self, trainer: SafetyProjectedTrainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer.safety_phase()
+
+
+class SafetyProjectedTrainer(SFTTrainer):
+    """``SFTTrainer`` with SPAG's alternating safety step (module docstring).
+
+    Args:
+        model, args, train_dataset, processing_class, ...: as for ``trl.SFTTrainer``; ``args`` must be a
+            :class:`SPAGConfig`.
+        safe_dataset: the safety data (same format as ``train_dataset``, e.g. ``prompt``/``completion`` with
+            refusals), prepared by TRL's own pipeline.
+        held_out_prompts: prompts that will be evaluated; safety data containing one is refused.
+
+    Attributes:
+        tau_trigger: one 0/1 per step (did the safety step fire), as in the released code.
+        loss_probe: the post-step safety loss of each fired step.
+        safety_losses: L_s of every step.
+    """
+
+    _tag_names = ("trl", "sft", "spag")
+
+    def __init__(self, model: Any, args: SPAGConfig | None = None, *, safe_dataset: Any,
+                 held_out_prompts: Iterable[str] | None = None, **kwargs: Any):
+        if not isinstance(args, SPAGConfig):
+            raise TypeError(f"args must be a SPAGConfig, got {type(args).__name__}")
+        if args.spag_mode not in MODES:
+            raise ValueError(f"spag_mode must be one of {MODES}, got {args.spag_mode!r}")
+        if safe_dataset is None or len(safe_dataset) == 0:
+            raise ValueError("safe_dataset must hold at least one example")
+        held = set(held_out_prompts or ()) | set(_prompts_of(kwargs.get("eval_dataset")))
+        if held:
+            check_disjoint(_prompts_of(safe_dataset), held)
+        super().__init__(model, args=args, **kwargs)
+        if not self._skip_prepare_dataset:
+            safe_dataset = self._prepare_dataset(safe_dataset, self.processing_class, self.args, False,
+                                                 self._formatting_func, "safe")
+        self.safe_dataset = safe_dataset
+        self.tau_trigger: list[int] = []
+        self.loss_probe: list[float] = []
+        self.safety_losses: list[float] = []
+        self._safe_iter: Iterator[Any] | None = None
+        self.add_callback(_SafetyPhase(self))
+
+    # -------------------------------------------------------------------------------------------- data
+    def get_safe_dataloader(self) -> Any:
+        """A shuffled dataloader over the safety data (``safe_batch_size`` per batch), through Accelerate."""
+        return self._get_dataloader(self.safe_dataset, description="safe", batch_size=self.args.safe_batch_size,
+                                    sampler_fn=self._get_train_sampler, is_training=True)
+
+    def _next_safe_batch(self) -> dict[str, Any]:
+        if self._safe_iter is None:
+            self._safe_iter = iter(self.get_safe_dataloader())
+        try:
+            return next(self._safe_iter)
+        except StopIteration:  # an endless iterator, as the released InfinityDataLoader
+            self._safe_iter = iter(self.get_safe_dataloader())
+            return next(self._safe_iter)
+
+    # -------------------------------------------------------------------------------------------- safety phase
+    @staticmethod
+    def _token_nll(model: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed next-token NLL over the label tokens, and their count."""
+        labels = inputs["labels"]
+        kwargs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+        logits = model(**kwargs, use_cache=False).logits[:, :-1].float()
+        target = labels[:, 1:]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
+                                                ignore_index=-100, reduction="sum")
+        return nll, (target != -100).sum()
+
+    def safety_phase(self) -> dict[str, float]:
+        """One SPAG safety phase on the current model (called after each utility optimizer step)."""
+        args: SPAGConfig = self.args
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        n_micro = args.safe_accumulation_steps or args.gradient_accumulation_steps
+        batches = [self._prepare_inputs(self._next_safe_batch()) for _ in range(n_micro)]
+        total_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+        if total_tokens == 0:
+            raise ValueError("the safety batches have no label tokens (check the safe_dataset's completions)")
+        model.zero_grad(set_to_none=True)
+        model.train()
+        safety_loss = 0.0
+        for batch in batches:
+            with self.compute_loss_context_manager():
+                nll, _ = self._token_nll(model, batch)
+                # L_s = token-mean NLL over all safety micro-batches (the released code sums the scaled losses)
+                loss = nll / total_tokens
+            self.accelerator.backward(loss)
+            safety_loss += float(loss.detach())
+        params = [p for p in model.parameters() if p.requires_grad]
+        if args.spag_mode == "official" and args.max_grad_norm and args.max_grad_norm > 0:
+            self.accelerator.clip_grad_norm_(params, args.max_grad_norm)
+        info = spag_safety_update(params, safety_loss, tau=args.safe_tau, tolerance=args.safe_tolerance,
+                                  eta_safe=args.alpha_max, mode=args.spag_mode, optimizer=self.optimizer)
+        model.zero_grad(set_to_none=True)
+        fired = int(info["triggered"])
+        self.tau_trigger.append(fired)
+        self.safety_losses.append(safety_loss)
+        self._metrics["train"]["spag/safety_loss"].append(safety_loss)
+        self._metrics["train"]["spag/triggered"].append(float(fired))
+        if fired:
+            with torch.no_grad():
+                nll, count = self._token_nll(model, batches[-1])
+            probe = float(nll / count.clamp(min=1))
+            self.loss_probe.append(probe)
+            self._metrics["train"]["spag/loss_probe"].append(probe)
+        return {"safety_loss": safety_loss, **info}

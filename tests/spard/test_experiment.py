@@ -1,0 +1,91 @@
+"""The SPARD reproduction: smoke run through the CLI, the fine-tuning and safety data it builds, the tuning
+rule, determinism, bad input; the quick run against the committed result (slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
+from icml26.spard.data import DATASETS, make_world
+from icml26.spard.experiment import PRESETS, _extension, _select, finetune_set, run, select_safety
+
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
+
+CLAIMS = {"attack_breaks_alignment", "asr_vs_sft", "vs_lisa", "vs_mix", "vs_vaccine", "vs_safelora", "utility",
+          "dpp_vs_random", "polyak_mode", "dpp_relevance"}
+TINY = dict(pretrain_steps=4, align_steps=4, vaccine_align_steps=2, steps=2, n_utility=40, n_utility_test=8,
+            tune=False, cache=False)
+
+
+def test_smoke_run_through_the_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("ICML26_CACHE", str(tmp_path / "cache"))
+    data = reproduce_in_subprocess("spard", tmp_path, mode="smoke")
+    assert {c["id"] for c in data["claims"]} == CLAIMS
+    stat = data["arms"]["spard"]["asr"]
+    assert stat["unit"] == "prompts" and len(stat["unit_values"][0]) == 60
+    assert data["arms"]["sft"]["utility"]["unit"] == "problems"
+    assert (tmp_path / "spard" / "smoke_asr_utility.png").is_file()
+
+
+def test_fine_tuning_and_safety_data():
+    cfg = PRESETS["quick"]
+    world = make_world(0)
+    ft = finetune_set(cfg, world, seed=3)
+    harmful = [s for s in ft if s.kind == "harmful"]
+    assert len(ft) == 1100 and len(harmful) == 100                       # 10 % of the utility samples
+    assert {s.prompt for s in harmful} <= {s.prompt for s in world.attack[cfg.attack]}
+    assert all(s.kind == "utility" for s in finetune_set(cfg, world, 3, harmful=False))
+    tok = char_tokenizer()
+    model = tiny_causal_lm(len(tok), hidden=32, layers=1, seed=0)
+    for method in ("dpp", "random"):
+        safe, info = select_safety(cfg, model, tok, world, ft, method, seed=3)
+        assert len(safe) == info["k"] == 33                                # floor(0.03 * 1100)
+        assert not {s.prompt for s in safe} & world.held_out_prompts()
+        assert not {s.prompt for s in safe} & {s.prompt for d in DATASETS for s in world.attack[d]}
+    with pytest.raises(ValueError, match="attack"):
+        finetune_set(dataclasses.replace(cfg, attack="nope"), world, 0)
+    with pytest.raises(ValueError, match="method"):
+        select_safety(cfg, model, tok, world, ft, "lesss", seed=0)
+
+
+def test_tuning_rule():
+    values = (1.0, 0.5, 0.25)
+    # lowest validation ASR among values whose utility clears the floor; ties go to the earlier (default) value
+    assert _select(values, [0.5, 0.2, 0.1], [0.9, 0.9, 0.7], floor=0.85) == 0.5
+    assert _select(values, [0.2, 0.2, 0.1], [0.9, 0.9, 0.7], floor=0.85) == 1.0
+    assert _select(values, [0.5, 0.2, 0.1], [0.1, 0.1, 0.1], floor=0.85) == 1.0   # none admissible: the default
+    # one more value beyond an edge that beats its neighbour (geometric or arithmetic), none inside or on ties
+    assert _extension(values, [0.5, 0.2, 0.1], 0.25, geometric=True) == pytest.approx(0.125)
+    assert _extension((0.5, 0.3, 0.7), [0.9, 0.9, 0.1], 0.7, geometric=False) == pytest.approx(0.9)
+    assert _extension((1.0, 0.1, 10.0), [0.3, 0.5, 0.4], 1.0, geometric=True) is None
+    assert _extension((2.0, 0.5, 8.0), [1.0, 1.0, 1.0], 2.0, geometric=True) is None
+    assert _extension((2.0, 0.5, 8.0), [1.0, 0.9, 1.0], 0.5, geometric=True) == pytest.approx(0.125)
+
+
+def test_same_seed_same_numbers_and_paired_units():
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY, arms=("aligned", "sft", "spard"))
+    a, b = run(cfg), run(cfg)
+    assert a.metrics.keys() == b.metrics.keys()
+    for arm in a.metrics:
+        for m, v in a.metrics[arm].items():
+            if m != "train_s":
+                assert v == b.metrics[arm][m], (arm, m)
+    assert {len(v["asr"]) for v in a.units["prompts"].values()} == {60}
+    assert np.mean(a.units["prompts"]["sft"]["asr"]) == a.metrics["sft"]["asr"]
+    with pytest.raises(ValueError, match="unknown arms"):
+        run(dataclasses.replace(cfg, arms=("sft", "magic")))
+
+
+@pytest.mark.slow
+def test_quick_reproduces_the_committed_result(tmp_path):
+    data = reproduce_in_subprocess("spard", tmp_path, mode="quick")
+    # Same CPU: bit-identical (seeded, one thread). Another CPU: float32 training in a different summation order
+    # can flip a few greedy responses; 0.05 is 9 of the 180 judged prompts (3 of 60 per seed), and 15 of the
+    # 900 additions. Timing metrics (train_s) vary with the machine and are not compared.
+    arms = [a for a in data["arms"] if "train_s" in data["arms"][a]]
+    assert_matches_committed(data, atol=0.05, metrics={f"{a}.train_s": float("inf") for a in arms})
