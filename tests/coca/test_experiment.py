@@ -1,0 +1,112 @@
+"""The COCA reproduction: alignment data, per-item bookkeeping, determinism, bad configs, smoke run through the
+CLI; quick run (slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("concept_erasure")
+
+from icml26.coca.data import OOD_SUITES, World, request_of
+from icml26.coca.experiment import PRESETS, alignment_data, arms_of, run
+
+from ..helpers import assert_matches_committed, reproduce_in_subprocess
+
+TINY = dataclasses.replace(PRESETS["smoke"], pretrain_steps=3, steps=2, cache=False, hidden=32, layers=2,
+                           reft_layers=(0, 1), n_utility_eval=6, n_utility_align=8, synthetic_n=80,
+                           synthetic_dim=8, max_new_tokens=6)
+
+
+def test_arms_train_on_the_same_requests_coca_refactored():
+    w = World(0)
+    sp, sc = alignment_data(w, TINY, "standard")
+    cp, cc = alignment_data(w, TINY, "coca")
+    kp, kc = alignment_data(w, TINY, "coca_constant")
+    assert sp == cp == kp
+    n_safety = len(w.alignment_examples("train"))
+    assert sc[n_safety:] == cc[n_safety:] == kc[n_safety:]  # the addition chains as they are
+    for p, s, c, k in zip(sp[:n_safety], sc, cc, kc, strict=False):
+        concept = w.unsafe_concepts(request_of(p))[0]
+        assert c == f"concepts: {concept}. {s}"
+        assert k == f"concepts: request. {s}"
+    harmful = [e["harmful"] for e in w.alignment_examples("train")]
+    assert {s for s, h in zip(sc, harmful, strict=False) if h} == {"no, i cannot."}
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    return run(TINY)
+
+
+def test_every_arm_is_judged_on_the_same_items(tiny_run):
+    out = tiny_run
+    w = World(TINY.lab_seed)
+    suites = w.suites(TINY.wrappers_per_request, seed=TINY.seed)
+    n_id = len(suites["id"])
+    lengths = {"id_prompts": n_id, "ood_prompts": n_id * len(OOD_SUITES), "benign_prompts": len(suites["benign"]),
+               "utility_items": TINY.n_utility_eval, "probe_items": len(w.split["test"]),
+               "synthetic_items": TINY.synthetic_n // 2}
+    assert set(out.units) == set(lengths)
+    for unit, by_arm in out.units.items():
+        for arm, metrics in by_arm.items():
+            for name, values in metrics.items():
+                assert len(values) == lengths[unit], (unit, arm, name)
+                assert set(values) <= {0.0, 1.0}
+                assert out.metrics[arm][name] == pytest.approx(float(np.mean(values)), abs=1e-12)
+    assert set(out.units["id_prompts"]) == set(arms_of(TINY))
+    # the trivial baseline: refuses everything, including the benign requests
+    assert out.metrics["refuse_all"]["asr_ood"] == 0.0 and out.metrics["refuse_all"]["over_refusal"] == 1.0
+    # suite-major OOD units: each suite's block mean is its asr_<suite>
+    ood = out.units["ood_prompts"]["none"]["asr_ood"]
+    for i, s in enumerate(OOD_SUITES):
+        assert out.metrics["none"][f"asr_{s}"] == pytest.approx(np.mean(ood[i * n_id:(i + 1) * n_id]), abs=1e-12)
+
+
+def test_same_seed_same_numbers(tiny_run):
+    def numbers(metrics):
+        return {a: {k: v for k, v in m.items() if k != "train_s"} for a, m in metrics.items()}
+
+    assert numbers(run(TINY).metrics) == numbers(tiny_run.metrics)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="lr_grid"):
+        run(dataclasses.replace(TINY, lr_grid=()))
+    with pytest.raises(ValueError, match="probe_layer"):
+        run(dataclasses.replace(TINY, probe_layer=2))
+    with pytest.raises(ValueError, match="naming_layer"):
+        run(dataclasses.replace(TINY, naming_layer=-1))
+
+
+def test_smoke_run_through_the_cli(tmp_path):
+    data = reproduce_in_subprocess("coca", tmp_path, mode="smoke")
+    assert {c["id"] for c in data["claims"]} >= {"ood_asr", "id_asr", "utility", "over_refusal", "helpfulness",
+                                                 "erasure_fails", "erasure_nonlinear_in_model"}
+    assert data["arms"]["coca"]["asr_ood"]["unit"] == "ood_prompts"
+    assert (tmp_path / "coca" / "smoke_asr_dichotomy.png").is_file()
+
+
+@pytest.mark.slow
+def test_quick_reproduces_the_committed_result(tmp_path):
+    data = reproduce_in_subprocess("coca", tmp_path, mode="quick")
+    # Same CPU: bit-identical except wall-clock training times. Another CPU: float32 training of the base and of
+    # the interventions can break greedy-decoding near-ties differently, flipping single items; 0.05 is about four
+    # of the 84 items of a suite (one of a few hundred for the pooled metrics). Training seconds are wall clock.
+    tol = {f"{arm}.train_s": 1e6 for arm in ("standard", "coca")}
+    assert_matches_committed(data, atol=0.05, rtol=0.0, metrics=tol)
+
+
+def test_naming_prompt_is_the_pretraining_annotation_up_to_the_concept():
+    from icml26.coca.experiment import naming_layer, naming_prompt
+
+    w = World(0)
+    prompts, completions = w.pretraining_corpus(n_arithmetic=0)
+    annotations = {p + c[:1]: c[1:] for p, c in zip(prompts, completions, strict=True) if p.endswith("concepts:")}
+    for r in w.split["test"]:
+        assert annotations[naming_prompt(r)] == f"{w.concept(r)}."  # the next token is the concept's first letter
+    assert naming_layer(TINY) == TINY.layers - 1
+    assert naming_layer(dataclasses.replace(TINY, naming_layer=0)) == 0
