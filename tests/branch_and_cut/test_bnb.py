@@ -10,6 +10,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from icml26.branch_and_cut import (
     MILP,
+    DeviatingPolicy,
     LearnedPolicy,
     LPBoundImprovement,
     LPOracle,
@@ -25,6 +26,7 @@ from icml26.branch_and_cut import (
     pick,
     rhs_perturbed_cut,
     sb_suboptimal_family,
+    score_gap_family,
     solve_bnb,
     tie_breaking_family,
 )
@@ -142,6 +144,55 @@ def test_pick_and_perturbations():
     assert solve_bnb(a, PerturbedPolicy(StrongBranching(tie_break="reverse"), 1e-15, bonus=bonus)).nodes == 39
     r1 = solve_bnb(a, PerturbedPolicy(StrongBranching(), 1e-15, seed=3)).nodes
     assert r1 == solve_bnb(a, PerturbedPolicy(StrongBranching(), 1e-15, seed=3)).nodes
+
+
+@pytest.mark.parametrize("n", [5, 7])
+def test_family_c_score_perturbation_without_ties(n):
+    """Distinct scores everywhere; a relative nudge of twice the root margin flips one decision: 11 -> J_n's tree."""
+    margin = 1e-6
+    c = score_gap_family(n, margin)
+    exact = solve_bnb(c, StrongBranching())
+    assert (exact.nodes, exact.ties) == (11, 0)
+    # the root's two candidates: x_m with gains 1/(2n) on both sides, z2 with 1/(2n) and (1 + margin)/(2n)
+    lp = LPOracle(c)
+    root = lp.solve(c.lb, c.ub)
+    frac = _fractional(c, root.x)
+    assert [c.names[j] for j in frac] == [f"x{(n + 1) // 2}", "z2"]
+    from icml26.branch_and_cut.bnb import Node
+
+    s = StrongBranching().scores(Node(c.lb.copy(), c.ub.copy(), root, 0, frac), lp)
+    assert s[1] / s[0] == pytest.approx(1 + margin, rel=1e-6)          # z2 wins by the margin: no tie
+    bonus = np.array([1.0 if name.startswith("x") else 0.0 for name in c.names])
+    policy = PerturbedPolicy(StrongBranching(), 2 * margin, bonus=bonus, relative=True)
+    perturbed = solve_bnb(c, policy)
+    assert perturbed.nodes == closed_form_jeroslow_sb(n) and perturbed.ties == 0
+    assert policy.differences == 1 and policy.decisions == len(perturbed.branched)
+    # a nudge smaller than the margin changes nothing
+    small = PerturbedPolicy(StrongBranching(), margin / 2, bonus=bonus, relative=True)
+    assert solve_bnb(c, small).nodes == 11 and small.differences == 0
+    # the minimum tree is the 11 nodes SB finds unperturbed
+    assert min_tree_size(c) == 11
+
+
+@pytest.mark.parametrize("n", [5, 7])
+def test_one_decision_difference_is_exponential(n):
+    c = score_gap_family(n, 0.5)
+    assert solve_bnb(c, StrongBranching()).nodes == 11
+    assert solve_bnb(c, DeviatingPolicy(StrongBranching(), deviations=0)).nodes == 11
+    policy = DeviatingPolicy(StrongBranching(), deviations=1)
+    stats = solve_bnb(c, policy)
+    assert policy.differences == 1 and stats.nodes == closed_form_jeroslow_sb(n)
+    # the deviation is the root's runner-up (the x variable), everything after is SB's own choice
+    assert c.names[stats.branched[0]].startswith("x")
+
+
+def test_ties_are_counted():
+    assert solve_bnb(tie_breaking_family(5), StrongBranching()).ties > 0     # every family-A score ties
+    assert solve_bnb(sb_suboptimal_family(5), StrongBranching()).ties == 0
+    with pytest.raises(ValueError, match="margin"):
+        score_gap_family(5, 1.0)
+    with pytest.raises(ValueError, match="deviations"):
+        DeviatingPolicy(StrongBranching(), deviations=-1)
 
 
 def test_learned_policy_imitates_scores():

@@ -7,30 +7,64 @@ import dataclasses
 import numpy as np
 import pytest
 
-from icml26.branch_and_cut import closed_form_jeroslow_sb, tie_breaking_family
+from icml26.branch_and_cut import (
+    StrongBranching,
+    closed_form_jeroslow_sb,
+    sb_suboptimal_family,
+    solve_bnb,
+    tie_breaking_family,
+)
 from icml26.branch_and_cut.experiment import PRESETS, run
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 
 def test_scip_replays_family_a():
-    pytest.importorskip("pyscipopt", reason="the SCIP cross-check needs the opt extra (pyscipopt)")
+    pytest.importorskip("pyscipopt", reason="the SCIP cross-check needs the branch-and-cut extra (pyscipopt)")
     from icml26.branch_and_cut.scip import scip_tree_size
 
     for n in (3, 5, 7):
         assert scip_tree_size(tie_breaking_family(n)) == closed_form_jeroslow_sb(n)
-        assert scip_tree_size(tie_breaking_family(n), tie_break="reverse") <= 11
+        # symmetry handling off: z-first is our 11 nodes; SCIP's symmetry rows (its default) cut it to 3
+        assert scip_tree_size(tie_breaking_family(n), tie_break="reverse") == 11
+    assert scip_tree_size(tie_breaking_family(5), tie_break="reverse", symmetry=True) == 3
+
+
+def test_scip_own_strong_branching_on_family_b():
+    """SCIP's fullstrong (SB with its domain reductions) gives our SB-with-fixing sizes; with SCIP's default
+    symmetry handling the instance closes at the root (the orbitope rows make both children of z3 infeasible)."""
+    pytest.importorskip("pyscipopt", reason="the SCIP cross-check needs the branch-and-cut extra (pyscipopt)")
+    from icml26.branch_and_cut.scip import scip_tree_size
+
+    for n in (5, 7):
+        b = sb_suboptimal_family(n)
+        ours = solve_bnb(b, StrongBranching(), sb_fixing=True).nodes
+        assert scip_tree_size(b, rule="fullstrong") == ours
+        vanilla = scip_tree_size(b, rule="vanillafullstrong")
+        assert ours <= vanilla <= solve_bnb(b, StrongBranching()).nodes
+        assert scip_tree_size(b, rule="fullstrong", symmetry=True) == 1
+    with pytest.raises(ValueError, match="rule must be"):
+        scip_tree_size(sb_suboptimal_family(5), rule="strong")
 
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("branch_and_cut", tmp_path, mode="smoke")
     assert {c["id"] for c in data["claims"]} == {"tie_breaking", "sb_suboptimal", "cut_selection", "rhs_perturbation",
-                                                 "score_perturbation", "learned_policy", "scip_cross_check"}
+                                                 "score_perturbation", "few_decisions", "learned_policy",
+                                                 "scip_sb_suboptimal", "scip_cross_check"}
     assert data["arms"]["sb_xfirst"]["tree_size"]["mean"] == 39
     # deterministic arms: one seed, decided exactly; the randomised arms carry their draws
     assert data["seeds"] == [0]
     assert all(c["test"] == "exact: deterministic arms" for c in data["claims"])
-    assert {c["id"] for c in data["claims"] if c["kind"] == "sanity"} == {"score_perturbation", "scip_cross_check"}
+    assert {c["id"] for c in data["claims"] if c["kind"] == "sanity"} == {"learned_policy", "scip_cross_check"}
+    arms = data["arms"]
+    # family C: no tie decides anything, and the perturbed and deviating arms differ from SB in one decision
+    for arm in ("exact_scores", "perturbed_scores", "sb_c", "one_deviation"):
+        assert arms[arm]["ties"]["mean"] == 0, arm
+    assert arms["perturbed_scores"]["decision_differences"]["mean"] == 1
+    assert arms["one_deviation"]["decision_differences"]["mean"] == 1
+    assert arms["exact_scores"]["tree_size"]["mean"] == arms["sb_c"]["tree_size"]["mean"] == 11
+    assert arms["scip_symmetry_b"]["tree_size"]["mean"] == 1
     stat = data["arms"]["sb_random"]["tree_size"]
     assert stat["unit"] == "draws" and len(stat["unit_values"][0]) == PRESETS["smoke"].random_draws
     assert (tmp_path / "branch_and_cut" / "smoke_tree_sizes.png").is_file()

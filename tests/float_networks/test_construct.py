@@ -1,6 +1,8 @@
-"""The construction: bit-exact values and autodiff gradients for six activations and three formats."""
+"""The construction: bit-exact values and autodiff gradients for nine activations and three formats, hard targets."""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
@@ -172,3 +174,127 @@ def test_bad_input():
     net = construct(pts, torch.zeros(2))
     with pytest.raises(TypeError, match=r"must be torch\.float32"):
         net(torch.zeros(2, dtype=torch.float16))
+
+
+def _hard_targets(dtype, n, seed):
+    """Values and gradients from the hardest cases: +-Omega/8 and a non-power-of-two multiple near it, power-of-two
+    and non-power-of-two subnormals, +0 and -0, mixed with ordinary values."""
+    fi = torch.finfo(dtype)
+    pool = torch.tensor([fi.max / 8, -fi.max / 8, fi.max / 8 * 1.37, fi.tiny / 8, fi.tiny * 0.3, -fi.tiny * 0.77,
+                         0.0, -0.0, 3.5, -0.375], dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    vals = pool[torch.randint(len(pool), (n,), generator=g)].to(dtype).double()
+    grads = pool[torch.randint(len(pool), (n, 1), generator=g)].to(dtype).double()
+    return vals, grads
+
+
+@pytest.mark.parametrize("dtype", FORMATS, ids=str)
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid", "gelu", "silu", "softplus"])
+def test_hard_targets_are_hit_bit_for_bit(activation, dtype):
+    """Targets near Omega/8 (v1 overflowed the gate weight: NaN) and non-power-of-two subnormals (flushed or rounded
+    by kernels) are hit once each slope is scaled by its own power of two."""
+    pts = _grid()[::2]
+    vals, grads = _hard_targets(dtype, len(pts), seed=7)
+    net = construct(pts, vals, grads, activation=activation, dtype=dtype)       # audit on: replays itself
+    assert net.unreachable == []
+    assert (net.scale != 1).any()                                              # the scaling was needed
+    jac = torch.func.vmap(torch.func.grad(lambda xi: net(xi[None])[0]))(pts.to(dtype))
+    assert _same_bits(net(pts.to(dtype)).detach(), vals.to(dtype))
+    assert _same_bits(jac, grads[:, 0].to(dtype))
+    r = verify(net, pts, vals, grads)
+    assert r.exact_grad_frac == 1.0 and r.nonfinite == 0
+
+
+def test_signed_zeros_are_reported():
+    pts = _grid()[::8]
+    n = len(pts)
+    grads = torch.full((n, 1), -0.0, dtype=torch.float64)
+    grads[::2] = 1.0
+    net = construct(pts, torch.ones(n, dtype=torch.float64), grads, activation="tanh")
+    r = verify(net, pts, torch.ones(n, dtype=torch.float64), grads)
+    assert r.exact_grad_frac == 1.0                                  # IEEE equality: -0 == +0
+    x = pts.float().requires_grad_(True)
+    net(x).sum().backward()
+    # an independent bit check: which -0 targets came back with the other sign
+    other = (x.grad == 0) & (torch.signbit(x.grad) != torch.signbit(grads[:, 0].float()))
+    assert torch.equal(r.zero_sign_mismatch[:, 0], other)
+    assert r.zero_sign_mismatch_frac == float(other.double().mean()) > 0
+
+
+def test_register_activation_with_the_same_guarantees(monkeypatch):
+    construct_module = importlib.import_module("icml26.float_networks.construct")
+    from icml26.float_networks import register_activation
+
+    monkeypatch.setattr(construct_module, "ACTIVATIONS", dict(construct_module.ACTIVATIONS))
+    monkeypatch.setattr(construct_module, "FAMILIES", dict(construct_module.FAMILIES))
+    register_activation("relu6ish", lambda z: torch.clamp(z, min=0.0), "ramp")
+    pts = _grid()[::4]
+    for dtype in FORMATS:
+        vals, grads = _hard_targets(dtype, len(pts), seed=3)
+        net = construct(pts, vals, grads, activation="relu6ish", dtype=dtype)
+        assert net.unreachable == [] and verify(net, pts, vals, grads).exact_grad_frac == 1.0
+    with pytest.raises(ValueError, match="family must be"):
+        register_activation("x", torch.relu, "odd")
+    with pytest.raises(TypeError, match="callable"):
+        register_activation("x", 3, "ramp")
+
+
+class _SlopeDependsOnUpstream(torch.autograd.Function):
+    """relu forward; backward exact for small upstream gradients, halved for large ones (a kernel a unit-gradient
+    scan would accept)."""
+
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return torch.relu(z)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        return torch.where(z > 0, torch.where(grad.abs() > 1e3, grad * 0.5, grad), torch.zeros_like(grad))
+
+
+def test_saturation_scan_probes_large_upstream_gradients(monkeypatch):
+    construct_module = importlib.import_module("icml26.float_networks.construct")
+    from icml26.float_networks import register_activation, upstream_probes
+
+    monkeypatch.setattr(construct_module, "ACTIVATIONS", dict(construct_module.ACTIVATIONS))
+    monkeypatch.setattr(construct_module, "FAMILIES", dict(construct_module.FAMILIES))
+    register_activation("fragile", _SlopeDependsOnUpstream.apply, "ramp")
+    z = torch.tensor([64.0], requires_grad=True)
+    _SlopeDependsOnUpstream.apply(z).backward()
+    assert z.grad.item() == 1.0                                 # with a unit upstream gradient it looks linear
+    assert float(upstream_probes(torch.float32).abs().max()) > 1e37
+    with pytest.raises(ValueError, match="no exactly saturated regime on the \\+ side"):
+        saturation_thresholds("fragile", torch.float32)
+
+
+def test_a_missed_target_is_reported_by_the_replay_and_counted_as_missed():
+    """bfloat16, softplus phi: a non-power-of-two subnormal gradient that the scaled backward product rounds past
+    (fl(phi'(g) s') 2^k skips it for every k) is reported as kind "backward", not hidden from the metrics."""
+    dtype = torch.bfloat16
+    pts = torch.tensor([0.0, 0.5], dtype=torch.float64)
+    vals = torch.tensor([-6.03125, 1.0], dtype=torch.float64)
+    grads = torch.tensor([[-9.09171411964113e-39], [1.0]], dtype=torch.float64)
+    sp = torch.nn.functional.softplus
+    net = construct(pts, vals, grads, activation="sigmoid", dtype=dtype, phi=sp)
+    assert [(u.point, u.kind) for u in net.unreachable] == [(0, "backward")]
+    r = verify(net, pts, vals, grads, phi=sp)
+    assert r.exact_grad_frac == 0.5 and r.exact_phi_reachable_grad_frac == 0.5     # phi alone reaches it
+    assert r.exact_reachable_grad_frac == 1.0               # the self-certified share (a diagnostic only)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "gelu"])
+def test_replay_report_is_what_verify_returns(activation):
+    """The experiment reads the audit's report instead of verifying twice: it must equal a fresh verify()."""
+    pts = _grid()[::2]
+    mse = lambda y: (y - 0.5) ** 2  # noqa: E731
+    for dtype in (torch.float32, torch.bfloat16):
+        vals, grads = _hard_targets(dtype, len(pts), seed=11)
+        for phi in (None, mse):
+            net = construct(pts, vals, grads, activation=activation, dtype=dtype, phi=phi)
+            r, rep = verify(net, pts, vals, grads, phi=phi), net.replay_report
+            for field in ("exact_value", "exact_grad", "value_ulps", "grad_ulps", "unreachable", "phi_unreachable",
+                          "zero_sign_mismatch"):
+                assert torch.equal(getattr(r, field), getattr(rep, field)), field
+            assert r.nonfinite == rep.nonfinite

@@ -39,19 +39,26 @@ def test_sobolev_baseline_learns():
 def test_targets_are_representable_and_include_hard_cases():
     import numpy as np
 
-    vals, _ = targets(400, 1, torch.float16, np.random.default_rng(0), hard_share=0.3)
+    vals, grads = targets(400, 1, torch.float16, np.random.default_rng(0), hard_share=0.3)
     assert torch.equal(vals.to(torch.float16).double(), vals)
     assert (vals.abs() > 1000).any() and ((vals != 0) & (vals.abs() < 1e-4)).any() and (vals == 0).any()
+    tiny = torch.finfo(torch.float16).tiny
+    sub = grads[(grads != 0) & (grads.abs() < tiny)]
+    assert (torch.frexp(sub)[0].abs() != 0.5).any()                  # a subnormal that is not a power of two
+    assert (torch.signbit(grads) & (grads == 0)).any()                # -0 targets
 
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("float_networks", tmp_path, mode="smoke")
     claims = {c["id"]: c for c in data["claims"]}
-    # every point hit; one seed's 320 points cannot push the Clopper-Pearson bound to 0.999, so not "fails"
-    for cid in ("relu_exact", "values_exact", "phi_reachable_exact"):
-        assert claims[cid]["estimate"] == 1.0 and claims[cid]["verdict"] != "fails"
+    # every point hit, hard targets included; one seed's points cannot push the Clopper-Pearson bound to 0.999
+    for cid in ("relu_exact", "tanh_exact", "sigmoid_exact", "gelu_exact", "registered_exact", "values_exact"):
+        assert claims[cid]["estimate"] == 1.0 and claims[cid]["verdict"] != "fails", cid
         assert claims[cid]["test"].startswith("Clopper-Pearson")
-    assert claims["phi_reachable_exact"]["kind"] == "sanity"
+    assert claims["phi_reachable_exact"]["kind"] == "evidence"
+    arms = data["arms"]
+    # the signed zeros are reported, not hidden: some -0 gradient targets come back +0
+    assert arms["construct_relu"]["zero_sign_mismatch_frac"]["mean"] > 0
     assert claims["naive_inexact"]["verdict"] == "holds" and "Agresti-Min" in claims["naive_inexact"]["test"]
     assert (tmp_path / "float_networks" / "smoke_exact_gradients.png").is_file()
 
@@ -67,7 +74,7 @@ def test_per_point_outcomes_pair_and_average_to_the_fractions():
         for fmt, lo, n in zip(("float32", "float16", "bfloat16"), np.cumsum([0, *sizes[:-1]]), sizes, strict=True):
             sl = per[f"construct_{act}"]["exact_grad"][lo:lo + n]
             assert float(np.mean(sl)) == pytest.approx(out.metrics[f"construct_{act}"][f"grad_{fmt}"], abs=1e-12)
-    assert float(np.mean(per["construct_tanh"]["exact_grad"])) < 1.0   # the hard targets tanh cannot reach
+    assert float(np.mean(per["construct_tanh"]["exact_grad"])) == 1.0   # hard targets too (per-point scaling)
     assert {len(v) for v in per["constructions"].values()} == {total}
     # the baselines pair with the ReLU construction point by point on the same 1-D domains
     assert (len(per["construct_relu"]["exact_value_1d"]) == len(per["sobolev"]["exact_value"])
@@ -84,6 +91,8 @@ def test_same_seed_same_numbers():
 def test_bad_config():
     with pytest.raises(ValueError, match="activations"):
         run(dataclasses.replace(TINY, activations=("softsign",)))
+    with pytest.raises(ValueError, match="at least one of"):
+        run(dataclasses.replace(TINY, activations=("softplus",)))
 
 
 def quick_tolerances(arms: dict) -> dict[str, float]:

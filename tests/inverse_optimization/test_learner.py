@@ -20,6 +20,8 @@ from icml26.inverse_optimization import (
     exact_centroid,
     mistake_bound,
 )
+from icml26.inverse_optimization.baselines import snap
+from icml26.inverse_optimization.data import Environment, adaptive_pairs, simulate
 from icml26.inverse_optimization.learner import Poset, linear_extension, mcmc_centroid
 
 
@@ -140,6 +142,100 @@ def test_robust_learner_restarts_and_non_robust_ignores():
     assert ignore.n_restarts_ == 0 and ignore.poset_.implies(3, 0) and not ignore.poset_.implies(0, 3)
 
 
+def test_drop_cycle_drops_only_the_rounds_that_form_the_cycle():
+    d = 5
+    X = UniformMatroid(d, list(range(d)), 1)
+    pair = {(i, j): UniformMatroid(d, [i, j], 1) for i in range(d) for j in range(d) if i < j}
+    learner = MConvexInverseLearner(d, on_cycle="drop_cycle")
+    learner.update(X, np.array([0, 0, 0, 0, 1]))         # round 1: 4 > 0, 1, 2, 3 (every edge of the set)
+    learner.update(pair[1, 2], np.array([0, 0, 1, 0, 0]))  # round 2: 2 > 1 (centroid ties pick 1: a mistake)
+    learner.update(pair[0, 1], np.array([0, 1, 0, 0, 0]))  # round 3: 1 > 0
+    assert learner.n_mistakes_ == 3 and learner.poset_.implies(2, 0)
+    # round 4 (corrupted): 0 > 2 closes the cycle 0 > 2 > 1 > 0 through rounds 2 and 3; round 1 is not in it
+    learner.update(pair[0, 2], np.array([1, 0, 0, 0, 0]))
+    assert learner.n_restarts_ == 1 and learner.n_dropped_rounds_ == 3
+    assert sorted(learner.poset_.edges()) == [(4, 0), (4, 1), (4, 2), (4, 3)]
+    # restart-on-cycle forgets round 1 as well
+    restart = MConvexInverseLearner(d, on_cycle="restart")
+    for Y, x in ((X, [0, 0, 0, 0, 1]), (pair[1, 2], [0, 0, 1, 0, 0]), (pair[0, 1], [0, 1, 0, 0, 0]),
+                 (pair[0, 2], [1, 0, 0, 0, 0])):
+        restart.update(Y, np.array(x))
+    assert restart.n_restarts_ == 1 and restart.poset_.edges() == []
+
+
+def test_drop_cycle_recovers_from_random_corruption_within_the_bound():
+    d, T, C = 8, 3000, 6
+    env_seed = 11
+    rounds = set(np.random.default_rng(0).choice(T // 3, size=C, replace=False).tolist())
+    learners = {name: MConvexInverseLearner(d, on_cycle=name) for name in ("restart", "drop_cycle")}
+    regret = simulate("topk", d, env_seed, learners, T, corrupted=rounds)
+    for name, learner in learners.items():
+        assert learner.n_mistakes_ <= (C + 1) * (mistake_bound(d) + 1), name
+        # corrupted rounds only in the first third: no regret in the last half, it stopped erring
+        assert regret[name][-1] == regret[name][T // 2], name
+    assert learners["drop_cycle"].n_restarts_ <= C
+
+
+def test_adaptive_adversary_forces_mistakes_until_the_order_is_known():
+    d = 7
+    w = Environment("pairs", d, 3).w_star
+
+    class Oracle:                                # knows w*: the adversary finds no wrong pair
+        def predict(self, X):
+            return X.argmax(w)
+
+        def update(self, X, x):
+            raise AssertionError("never shown a set")
+
+    assert adaptive_pairs(d, 3, Oracle(), max_rounds=100) == (0, 0.0)
+    # the smallest-gap wrong pair is always adjacent in w*'s order (a wrong non-adjacent pair implies a wrong
+    # adjacent one with a smaller gap), so a learner that keeps every constraint errs at most d - 1 times
+    for centroid in ("exact", "consistent"):
+        learner = MConvexInverseLearner(d, centroid=centroid)
+        mistakes, regret = adaptive_pairs(d, 3, learner, max_rounds=1000)
+        assert 1 <= mistakes <= d - 1 and learner.n_mistakes_ == mistakes and regret > 0
+        order = np.argsort(learner.w_hat_, kind="stable")
+        assert np.array_equal(order, np.argsort(w))
+    ons = ONSLearner(d, K=np.sqrt(2))
+    mistakes, _ = adaptive_pairs(d, 3, ons, max_rounds=1000)
+    assert mistakes == ons.n_mistakes_ and mistakes < 1000
+
+
+def test_ons_ties_are_snapped_so_round_off_does_not_decide_them():
+    X = UniformMatroid(4, [0, 1, 2, 3], 2)
+    theta = np.array([0.3, 0.3, 0.1, 0.3])
+    noisy = theta + np.array([0.0, 0.0, 0.0, 1e-16])
+    assert X.argmax(theta).tolist() != X.argmax(noisy).tolist()          # raw argmax: the noise decides
+    assert X.argmax(snap(noisy)).tolist() == X.argmax(theta).tolist() == [1, 1, 0, 0]
+    ons = ONSLearner(4)
+    ons.theta_ = noisy
+    assert ons.predict(X).tolist() == [1, 1, 0, 0]
+
+
+def test_ons_regret_does_not_depend_on_eigh_round_off(monkeypatch):
+    """Another CPU's LAPACK returns eigenvectors that differ in the last bits; the results must not move."""
+    d, T, env_seed = 10, 3000, 10
+    K = Environment("topk", d, env_seed).diameter
+
+    def run():
+        ons = ONSLearner(d, K=K)
+        r = simulate("topk", d, env_seed, {"ons": ons}, T)["ons"]
+        return r, ons.n_mistakes_
+
+    ref, ref_mistakes = run()
+    true_eigh = np.linalg.eigh
+    rng = np.random.default_rng(0)
+
+    def other_cpu(a):
+        lam, q = true_eigh(a)
+        return lam * (1 + 4e-16 * rng.standard_normal(lam.shape)), q * (1 + 4e-16 * rng.standard_normal(q.shape))
+
+    monkeypatch.setattr(np.linalg, "eigh", other_cpu)
+    other, other_mistakes = run()
+    assert other_mistakes == ref_mistakes
+    np.testing.assert_allclose(other, ref, rtol=0, atol=1e-12)
+
+
 def test_bad_input():
     learner = MConvexInverseLearner(4)
     X = UniformMatroid(4, [0, 1, 2], 1)
@@ -159,6 +255,8 @@ def test_bad_input():
         PartitionMatroid(4, [[0, 1], [1, 2]], [1, 1])
     with pytest.raises(ValueError, match="d must be"):
         MConvexInverseLearner(0)
+    with pytest.raises(ValueError, match="on_cycle must be one of"):
+        MConvexInverseLearner(4, on_cycle="forget")
     with pytest.raises(ValueError, match="not in the feasible set"):
         ONSLearner(4).update(X, np.array([0, 0, 0, 1]))
 

@@ -13,10 +13,12 @@ from .families import (
     jeroslow_gadget,
     rhs_perturbed_cut,
     sb_suboptimal_family,
+    score_gap_family,
     tie_breaking_family,
 )
 from .milp import MILP, Cut, LPOracle, LPResult
 from .policies import (
+    DeviatingPolicy,
     LearnedPolicy,
     MostFractional,
     PerturbedPolicy,
@@ -26,8 +28,8 @@ from .policies import (
     candidate_features,
 )
 
-__all__ = ["MILP", "Cut", "LPBoundImprovement", "LPOracle", "LPResult", "LearnedPolicy", "MinTreeOracle",
+__all__ = ["MILP", "Cut", "DeviatingPolicy", "LPBoundImprovement", "LPOracle", "LPResult", "LearnedPolicy", "MinTreeOracle",
            "MostFractional", "Node", "PerturbedPolicy", "Proxy", "RecordingPolicy", "StrongBranching", "TreeSizeAware",
            "TreeStats", "candidate_features", "closed_form_jeroslow_sb", "cut_selection_family", "efficacy",
            "fractional_support", "jeroslow_gadget", "min_tree_size", "objective_orthogonality", "pick", "rhs_perturbed_cut",
-           "sb_suboptimal_family", "solve_bnb", "tie_breaking_family"]
+           "sb_suboptimal_family", "score_gap_family", "solve_bnb", "tie_breaking_family"]

@@ -73,8 +73,7 @@ def pick(scores: np.ndarray, candidates: np.ndarray, tie_break: Any, rel_tol: fl
                          f"{len(candidates)} candidates")
     if not np.isfinite(scores).all():
         raise ValueError("the policy returned a non-finite score")
-    top = scores.max()
-    tied = candidates[scores >= top - rel_tol * max(abs(top), 1e-12)]
+    tied = _tied(scores, candidates, rel_tol)
     if tie_break == "index":
         return int(tied.min())
     if tie_break == "reverse":
@@ -82,6 +81,12 @@ def pick(scores: np.ndarray, candidates: np.ndarray, tie_break: Any, rel_tol: fl
     if isinstance(tie_break, np.random.Generator):
         return int(tie_break.choice(tied))
     raise ValueError(f"tie_break must be 'index', 'reverse' or a numpy Generator, got {tie_break!r}")
+
+
+def _tied(scores: np.ndarray, candidates: np.ndarray, rel_tol: float = 1e-9) -> np.ndarray:
+    """The candidates whose score is within ``rel_tol`` (relative) of the top score."""
+    top = scores.max()
+    return candidates[scores >= top - rel_tol * max(abs(top), 1e-12)]
 
 
 @dataclass
@@ -96,6 +101,7 @@ class TreeStats:
         objective: the incumbent's objective in the problem's own sense (None without one).
         x: the incumbent.
         branched: the variable branched on at each branching node, in visiting order.
+        ties: branching decisions where more than one candidate shared the top score (the tie rule decided).
     """
 
     nodes: int
@@ -105,6 +111,7 @@ class TreeStats:
     objective: float | None
     x: np.ndarray | None
     branched: list[int]
+    ties: int = 0
 
 
 def _fractional(milp: MILP, x: np.ndarray) -> np.ndarray:
@@ -141,7 +148,7 @@ def solve_bnb(milp: MILP, policy: BranchingPolicy, *, cutoff: float | None = Non
     incumbent: np.ndarray | None = None
     open_nodes: list[tuple[float, int, np.ndarray, np.ndarray, int]] = [(-math.inf, 0, milp.lb.copy(),
                                                                           milp.ub.copy(), 0)]
-    counter, nodes, depth, branched = 1, 0, 0, []
+    counter, nodes, depth, branched, ties = 1, 0, 0, [], 0
     status = "done"
     while open_nodes:
         if node_order == "dfs":
@@ -198,6 +205,7 @@ def solve_bnb(milp: MILP, policy: BranchingPolicy, *, cutoff: float | None = Non
             j = int(j)
         else:
             j = pick(scores, node.candidates, policy.tie_break)
+            ties += int(len(_tied(np.asarray(scores, dtype=float), node.candidates)) > 1)
         branched.append(j)
         (dl, du), (ul, uu) = node.child_bounds(j)
         # DFS explores the down child first: push it last
@@ -207,7 +215,7 @@ def solve_bnb(milp: MILP, policy: BranchingPolicy, *, cutoff: float | None = Non
     if status == "done":
         status = "optimal" if incumbent is not None else "infeasible"
     obj = None if incumbent is None else sign * best
-    return TreeStats(nodes, depth, oracle.solves, status, obj, incumbent, branched)
+    return TreeStats(nodes, depth, oracle.solves, status, obj, incumbent, branched, ties)
 
 
 class MinTreeOracle:

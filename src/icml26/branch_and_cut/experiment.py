@@ -8,15 +8,23 @@ Families (``families.py``; this project's constructions) and arms, all on the sa
   (``min_tree_b``); a **learned** imitation of SB (sklearn gradient boosting on candidate features, trained on SB
   nodes at n = 5, 7; its score R^2 and top-1 agreement with SB measured on SB nodes at the largest n) and the
   **tree-size-aware** policy (the exact oracle's smallest subtrees).
-- **C, score perturbation** (on A's tied scores, eps^2 = 1e-12): SB with z-first ties (``exact_scores``) against
-  the same scores plus 1e-15 on the x variables (``perturbed_scores``), and plus 1e-15 U(-1, 1) noise
-  (``random_scores``, seeded).
+- **C, score perturbation and few decisions** (``score_gap_family``: B with z costs that make SB's best z score
+  beat the best x score by a relative margin, no ties anywhere): SB on margin 1e-6 (``exact_scores``) against the
+  same scores times (1 + 2e-6) on the x variables (``perturbed_scores``: every score moves by at most 2e-6 of
+  itself), and times (1 + 2e-6 U(-1, 1)) on every candidate (``random_scores``, seeded draws). With margin 0.5,
+  where no small perturbation can flip anything, SB (``sb_c``) against a policy that takes SB's runner-up at its
+  first decision and SB's choice everywhere else (``one_deviation``: one decision difference). Metrics ``ties``
+  (branching decisions the tie rule decided) and ``decision_differences`` (nodes where the arm's choice differs
+  from SB's at the same node).
 - **D, RHS perturbation**: the root cut sum x <= (n-1)/2 + eps with eps = 0 (``exact_rhs``) and eps = 1e-3
   (``perturbed_rhs``): SB tree and minimum tree, the optimum supplied as cutoff.
 - **E, cut selection**: three root cuts chosen by LP-bound improvement (``lp_bound_cuts``) or by objective
   orthogonality (``proxy_cuts``), then SB with fixing.
-- **SCIP cross-check**: family A in SCIP (presolve, cuts, heuristics, propagation, conflicts off) branching by the
-  same tie rules (``scip_xfirst``, ``scip_zfirst``).
+- **SCIP cross-check**: families A and B in SCIP (presolve, cuts, heuristics, propagation, conflicts and symmetry
+  handling off) with SCIP's own strong branching: ``scip_fullstrong_a`` / ``_b`` (SB with its domain
+  reductions, our ``sb_fixing`` convention) and ``scip_vanilla_a`` / ``_b`` (``vanillafullstrong``: SB scores
+  only); ``scip_symmetry_b``: fullstrong with SCIP's default symmetry handling (it closes the root, ``scip.py``);
+  ``scip_xfirst`` / ``scip_zfirst``: family A replaying our tie rules.
 
 Instances, SB, the minimum trees, SCIP and the learned model are deterministic (the arms the claims compare;
 computed once per process), so the card runs one seed and checks them ``exactly``. The two randomised arms,
@@ -49,8 +57,21 @@ from ..common.progress import progress
 from ..common.results import SeedRun
 from .bnb import min_tree_size, solve_bnb
 from .cuts import LPBoundImprovement, Proxy, objective_orthogonality
-from .families import cut_selection_family, rhs_perturbed_cut, sb_suboptimal_family, tie_breaking_family
-from .policies import LearnedPolicy, PerturbedPolicy, RecordingPolicy, StrongBranching, TreeSizeAware
+from .families import (
+    cut_selection_family,
+    rhs_perturbed_cut,
+    sb_suboptimal_family,
+    score_gap_family,
+    tie_breaking_family,
+)
+from .policies import (
+    DeviatingPolicy,
+    LearnedPolicy,
+    PerturbedPolicy,
+    RecordingPolicy,
+    StrongBranching,
+    TreeSizeAware,
+)
 
 
 @dataclass
@@ -68,8 +89,12 @@ class Config:
     """largest n for the exponential minimum-tree oracle and the tree-size-aware policy"""
     rhs_eps: float = 1e-3
     """family D's right-hand-side perturbation"""
-    delta: float = 1e-15
-    """family C's score perturbation (the tied SB scores are eps^2 = 1e-12)"""
+    score_margin: float = 1e-6
+    """family C: relative margin by which SB's z score beats its x score at the root (score_perturbation)"""
+    delta: float = 2e-6
+    """family C: relative score perturbation (twice the margin: the smallest that flips the root comparison)"""
+    decision_margin: float = 0.5
+    """family C: the margin of the few-decisions arms (no perturbation below 50 % flips a decision)"""
     train_ns: tuple[int, ...] = (5, 7)
     """sizes whose SB nodes train the learned policy"""
 
@@ -82,9 +107,12 @@ PRESETS: dict[str, Config] = {
 
 
 @functools.cache
-def _deterministic(arm: str, n: int, rhs_eps: float, delta: float) -> tuple[int, int]:
-    """(tree size, LP solves) of a seed-free arm (cached: instances and SB are deterministic)."""
+def _deterministic(arm: str, n: int, rhs_eps: float, margins: tuple[float, float, float]) -> dict[str, float]:
+    """Tree size, LP solves, tie decisions and decision differences of a seed-free arm (cached: instances and SB
+    are deterministic); ``margins`` = (score_margin, delta, decision_margin)."""
+    score_margin, delta, decision_margin = margins
     sb = StrongBranching()
+    differences = 0
     if arm == "sb_xfirst":
         s = solve_bnb(tie_breaking_family(n), sb)
     elif arm == "sb_zfirst":
@@ -94,11 +122,19 @@ def _deterministic(arm: str, n: int, rhs_eps: float, delta: float) -> tuple[int,
     elif arm == "sb_fixing_b":
         s = solve_bnb(sb_suboptimal_family(n), sb, sb_fixing=True)
     elif arm == "exact_scores":
-        s = solve_bnb(tie_breaking_family(n), StrongBranching(tie_break="reverse"))
+        s = solve_bnb(score_gap_family(n, score_margin), sb)
     elif arm == "perturbed_scores":
-        milp = tie_breaking_family(n)
+        milp = score_gap_family(n, score_margin)
         bonus = np.array([1.0 if name.startswith("x") else 0.0 for name in milp.names])
-        s = solve_bnb(milp, PerturbedPolicy(StrongBranching(tie_break="reverse"), delta, bonus=bonus))
+        policy = PerturbedPolicy(sb, delta, bonus=bonus, relative=True)
+        s = solve_bnb(milp, policy)
+        differences = policy.differences
+    elif arm == "sb_c":
+        s = solve_bnb(score_gap_family(n, decision_margin), sb)
+    elif arm == "one_deviation":
+        policy = DeviatingPolicy(sb, deviations=1)
+        s = solve_bnb(score_gap_family(n, decision_margin), policy)
+        differences = policy.differences
     elif arm in ("exact_rhs", "perturbed_rhs"):
         milp, cutoff = rhs_perturbed_cut(n, 0.0 if arm == "exact_rhs" else rhs_eps)
         s = solve_bnb(milp, sb, cutoff=cutoff)
@@ -110,14 +146,24 @@ def _deterministic(arm: str, n: int, rhs_eps: float, delta: float) -> tuple[int,
         raise KeyError(arm)
     if s.status == "node_limit":
         raise RuntimeError(f"{arm} at n={n} hit the node limit")
-    return s.nodes, s.lp_solves
+    return {"nodes": s.nodes, "lp_solves": s.lp_solves, "ties": s.ties, "decision_differences": differences}
+
+
+#: (arm, family, rule, symmetry) of the SCIP cross-check
+SCIP_ARMS = (("scip_fullstrong_a", "a", "fullstrong", False), ("scip_vanilla_a", "a", "vanillafullstrong", False),
+             ("scip_fullstrong_b", "b", "fullstrong", False), ("scip_vanilla_b", "b", "vanillafullstrong", False),
+             ("scip_symmetry_b", "b", "fullstrong", True), ("scip_xfirst", "a", "tie:index", False),
+             ("scip_zfirst", "a", "tie:reverse", False))
 
 
 @functools.cache
-def _scip(n: int, tie_break: str) -> int:
+def _scip(n: int, family: str, rule: str, symmetry: bool) -> int:
     from .scip import scip_tree_size
 
-    return scip_tree_size(tie_breaking_family(n), tie_break=tie_break)
+    milp = tie_breaking_family(n) if family == "a" else sb_suboptimal_family(n)
+    if rule.startswith("tie:"):
+        return scip_tree_size(milp, tie_break=rule.removeprefix("tie:"))
+    return scip_tree_size(milp, rule=rule, symmetry=symmetry)
 
 
 @functools.cache
@@ -170,14 +216,17 @@ def run(cfg: Config) -> SeedRun:
         raise ValueError(f"random_draws must be >= 1, got {cfg.random_draws}")
     rng = np.random.default_rng([cfg.seed, 6])
     sizes: dict[str, dict[int, float]] = {}
-    solves: dict[str, float] = {}
-    deterministic = ("sb_xfirst", "sb_zfirst", "sb_b", "sb_fixing_b", "exact_scores", "perturbed_scores",
-                     "exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")
+    extra: dict[str, dict[str, float]] = {}
+    deterministic = ("sb_xfirst", "sb_zfirst", "sb_b", "sb_fixing_b", "exact_scores", "perturbed_scores", "sb_c",
+                     "one_deviation", "exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")
+    margins = (cfg.score_margin, cfg.delta, cfg.decision_margin)
     for arm in progress(deterministic, desc=f"branch_and_cut seed {cfg.seed}"):
         for n in cfg.ns:
-            nodes, lps = _deterministic(arm, n, cfg.rhs_eps, cfg.delta)
-            sizes.setdefault(arm, {})[n] = nodes
-            solves[arm] = lps
+            out = _deterministic(arm, n, cfg.rhs_eps, margins)
+            sizes.setdefault(arm, {})[n] = out["nodes"]
+            if n == max(cfg.ns):
+                extra[arm] = {"lp_solves": float(out["lp_solves"]), "ties": float(out["ties"]),
+                              "decision_differences": float(out["decision_differences"])}
     draws: dict[str, list[dict[int, float]]] = {"sb_random": [], "random_scores": []}
     for _ in range(cfg.random_draws):   # draw 0 is what one seed drew before draws were recorded
         for arm in draws:
@@ -185,11 +234,11 @@ def run(cfg: Config) -> SeedRun:
         for n in cfg.ns:
             draws["sb_random"][-1][n] = solve_bnb(tie_breaking_family(n), StrongBranching(
                 tie_break=np.random.default_rng(rng.integers(2**32)))).nodes
-            draws["random_scores"][-1][n] = solve_bnb(tie_breaking_family(n), PerturbedPolicy(
-                StrongBranching(tie_break="reverse"), cfg.delta, seed=int(rng.integers(2**32)))).nodes
-    for n in cfg.ns:                     # the independent solver: SCIP replays family A's tie rules
-        sizes.setdefault("scip_xfirst", {})[n] = _scip(n, "index")
-        sizes.setdefault("scip_zfirst", {})[n] = _scip(n, "reverse")
+            draws["random_scores"][-1][n] = solve_bnb(score_gap_family(n, cfg.score_margin), PerturbedPolicy(
+                StrongBranching(), cfg.delta, seed=int(rng.integers(2**32)), relative=True)).nodes
+    for n in cfg.ns:                     # the independent solver: SCIP's own strong branching, and tie replays
+        for arm, family, rule, symmetry in SCIP_ARMS:
+            sizes.setdefault(arm, {})[n] = _scip(n, family, rule, symmetry)
     model, accuracy = _learned(cfg)
     for n in cfg.ns:
         milp = sb_suboptimal_family(n)
@@ -208,8 +257,8 @@ def run(cfg: Config) -> SeedRun:
         for s in runs:
             for name, value in {**_series(s), "size_at_oracle_n": float(s[max(oracle_ns)])}.items():
                 per_draw.setdefault(arm, {}).setdefault(name, []).append(value)
-    for arm, lps in solves.items():
-        metrics[arm]["lp_solves"] = float(lps)
+    for arm, values in extra.items():
+        metrics[arm].update(values)
     metrics["learned"].update(accuracy)
     for arm, fam in (("exact_rhs", "d0"), ("perturbed_rhs", "d1")):
         trees = {n: float(_min_tree(fam, n, cfg.rhs_eps)) for n in oracle_ns}
@@ -219,18 +268,21 @@ def run(cfg: Config) -> SeedRun:
     if max(oracle_ns) < max(cfg.ns):
         text = (f"compared at n = {max(oracle_ns)}, the largest size the exponential minimum-tree oracle reaches; "
                 f"the SB arms run to n = {max(cfg.ns)}")
-        notes = {"learned_policy": text, "sb_suboptimal": text, "rhs_perturbation": text}
+        notes = {"learned_policy": text, "sb_suboptimal": text, "rhs_perturbation": text,
+                 "scip_sb_suboptimal": text}
     return SeedRun(metrics, series={"sizes": sizes, "draws": draws}, notes=notes, units={"draws": per_draw})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
     """Tree size against n (log scale), per arm, first seed (the randomised arms: the mean over their draws)."""
-    fig, axes = new_figure(1, 2, figsize=(10, 3.8))
+    fig, axes = new_figure(1, 3, figsize=(14, 3.8))
     sizes = dict(runs[0].series["sizes"])
     for arm, draws in runs[0].series["draws"].items():
         sizes[f"{arm} (mean of {len(draws)} draws)"] = {n: float(np.mean([d[n] for d in draws])) for n in draws[0]}
-    groups = (("A/B/C: branching", ("sb_xfirst", "sb_zfirst", "sb_random", "sb_b", "sb_fixing_b", "learned",
-                                    "tree_aware", "min_tree_b", "perturbed_scores", "random_scores")),
+    groups = (("A/B: branching", ("sb_xfirst", "sb_zfirst", "sb_random", "sb_b", "sb_fixing_b", "learned",
+                                  "tree_aware", "min_tree_b", "scip_fullstrong_b", "scip_vanilla_b")),
+              ("C: no ties, one decision", ("exact_scores", "perturbed_scores", "random_scores", "sb_c",
+                                            "one_deviation")),
               ("D/E: cuts", ("exact_rhs", "perturbed_rhs", "lp_bound_cuts", "proxy_cuts")))
     for ax, (title, arms) in zip(axes, groups, strict=True):
         for arm in arms:

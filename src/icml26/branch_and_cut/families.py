@@ -8,6 +8,7 @@
 |---|---|---|
 | A `tie_breaking_family` | J_n and Z_3, objective 0: every SB score ties at eps^2 | tie-breaking alone |
 | B `sb_suboptimal_family` | J_n and Z_3, cost 1 + i/n on x_i, none on z: SB sees gains on x only | SB is suboptimal |
+| C `score_gap_family` | B with z costs (0, 1/n, (2 + margin)/n): SB's best z score beats the best x score by the relative margin, with no tie anywhere | score perturbation, few decisions |
 | D `rhs_perturbed_cut` | max sum x s.t. 2 sum x <= n, root cut sum x <= (n-1)/2 + eps, cutoff (n-1)/2 | RHS perturbation |
 | E `cut_selection_family` | B with pair cuts on x1..x3 (raise the root bound) and on z1..z3 (no gain); pick 3 | cut selection |
 
@@ -57,6 +58,26 @@ def tie_breaking_family(n: int) -> MILP:
 def sb_suboptimal_family(n: int) -> MILP:
     """Family B: J_n and Z_3, x_i costs 1 + i/n (distinct), z costless."""
     return jeroslow_gadget(n, weights=1 + np.arange(1, n + 1) / n)
+
+
+def score_gap_family(n: int, margin: float) -> MILP:
+    """Family C: J_n with x costs 1 + i/n and Z_3 with z costs (0, 1/n, (2 + margin)/n).
+
+    The root LP has one fractional x (x_m, m = (n + 1)/2) and one fractional z (z2). Their strong-branching gains
+    are 1/(2n) on both sides for x_m and (1/(2n), (1 + margin)/(2n)) for z2, so with SCIP's product score z2 wins
+    by the relative ``margin``: 0.25 (1 + margin)/n^2 against 0.25/n^2, two distinct scores, no tie. Branching z2
+    first, every later z node has an infeasible child (score >= 1e6 eps) and the tree closes in 11 nodes. After
+    any branching on x, each fractional x has a fixed neighbour on one side, so its gains are at least 1/n and
+    1/(2n) (score >= 0.5/n^2) and beat z2's root score for any margin < 1: one different decision at the root, or
+    a score perturbation that flips the root comparison, leads SB through J_n's exponential tree.
+    """
+    _odd(n)
+    if not 0 < margin < 1:
+        raise ValueError(f"margin must be in (0, 1), got {margin!r}")
+    m = sb_suboptimal_family(n)
+    c = m.c.copy()
+    c[n:] = [0.0, 1.0 / n, (2.0 + margin) / n]
+    return MILP(c, A_eq=m.A_eq, b_eq=m.b_eq, names=m.names)
 
 
 def rhs_perturbed_cut(n: int, eps: float) -> tuple[MILP, float]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .bnb import MinTreeOracle, Node
+from .bnb import MinTreeOracle, Node, pick
 from .milp import MILP, LPOracle
 
 
@@ -68,21 +68,57 @@ class MostFractional:
 
 class PerturbedPolicy:
     """``base`` scores plus an arbitrarily small perturbation: ``delta * bonus[j]`` when a bonus vector is given,
-    else ``delta * U(-1, 1)`` drawn from ``seed``."""
+    else ``delta * U(-1, 1)`` drawn from ``seed``; with ``relative=True`` the perturbation multiplies instead,
+    s_j (1 + delta * bonus_j), so every score moves by at most ``delta`` of itself.
 
-    def __init__(self, base: Any, delta: float, *, bonus: np.ndarray | None = None, seed: int = 0):
+    Attributes:
+        decisions: branching decisions taken; differences: those where the perturbed scores chose another
+            variable than the base's scores would have at the same node (both with the base's tie rule).
+    """
+
+    def __init__(self, base: Any, delta: float, *, bonus: np.ndarray | None = None, seed: int = 0,
+                 relative: bool = False):
         if delta < 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
-        self.base, self.delta = base, delta
+        self.base, self.delta, self.relative = base, delta, relative
         self.bonus = None if bonus is None else np.asarray(bonus, dtype=float)
         self.rng = np.random.default_rng(seed)
         self.tie_break = base.tie_break
+        self.decisions = self.differences = 0
 
     def scores(self, node: Node, lp: LPOracle) -> np.ndarray:
         s = self.base.scores(node, lp)
-        if self.bonus is not None:
-            return s + self.delta * self.bonus[node.candidates]
-        return s + self.delta * self.rng.uniform(-1, 1, size=len(s))
+        noise = (self.bonus[node.candidates] if self.bonus is not None
+                 else self.rng.uniform(-1, 1, size=len(s)))
+        # $$\tilde s_j = s_j + \delta b_j$$  or, relative,  $$\tilde s_j = s_j (1 + \delta b_j)$$
+        out = s * (1 + self.delta * noise) if self.relative else s + self.delta * noise
+        if isinstance(self.tie_break, str):      # a Generator tie rule would consume draws: not compared
+            self.decisions += 1
+            self.differences += int(pick(out, node.candidates, self.tie_break)
+                                    != pick(s, node.candidates, self.tie_break))
+        return out
+
+
+class DeviatingPolicy:
+    """``base``'s choice everywhere except at its first ``deviations`` branching decisions (depth-first visiting
+    order), where it takes the runner-up by the base's score: a policy that differs from ``base`` in exactly
+    that many decisions along the search."""
+
+    def __init__(self, base: Any, deviations: int = 1):
+        if deviations < 0:
+            raise ValueError(f"deviations must be >= 0, got {deviations}")
+        self.base, self.deviations = base, deviations
+        self.tie_break = base.tie_break
+        self.differences = 0
+
+    def choose(self, node: Node, lp: LPOracle) -> int:
+        s = self.base.scores(node, lp)
+        best = pick(s, node.candidates, self.tie_break)
+        if self.differences < self.deviations and len(node.candidates) > 1:
+            keep = node.candidates != best
+            self.differences += 1
+            return pick(s[keep], node.candidates[keep], self.tie_break)
+        return best
 
 
 def candidate_features(milp: MILP, node: Node) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Verify a network's floating-point values and autodiff gradients against targets, point by point.
 
 A target is hit when the computed float equals it (IEEE equality: +0 and -0 count as equal, NaN never does);
-otherwise the distance is counted in units in the last place (ulps, the number of floats between the two).
+otherwise the distance is counted in units in the last place (ulps, the number of floats between the two). The
+sign of zero is reported separately (``zero_sign_mismatch``): a -0 target computed as +0, or the reverse, is hit by
+IEEE equality but differs in its bits.
 
 Example:
     >>> import torch
@@ -48,8 +50,11 @@ class VerificationResult:
         exact_grad: ``(n, d)`` bool.
         value_ulps: ``(n,)`` ulp distances.
         grad_ulps: ``(n, d)`` ulp distances.
-        unreachable: ``(n, d)`` bool: targets the construction reported as unreachable.
+        unreachable: ``(n, d)`` bool: targets the network reports as unreachable (any kind).
+        phi_unreachable: ``(n, d)`` bool: those of kind "phi" (no float slope reaches them through phi, decided
+            from phi and the targets alone, not from the network's own backward pass).
         nonfinite: NaN or infinite values and gradients seen (their ulp distance is left out of the maxima).
+        zero_sign_mismatch: ``(n, d)`` bool: gradient target and result both zero with different signs.
     """
 
     exact_value: torch.Tensor
@@ -58,6 +63,8 @@ class VerificationResult:
     grad_ulps: torch.Tensor
     unreachable: torch.Tensor
     nonfinite: int
+    phi_unreachable: torch.Tensor | None = None
+    zero_sign_mismatch: torch.Tensor | None = None
 
     @property
     def exact_value_frac(self) -> float:
@@ -70,9 +77,25 @@ class VerificationResult:
 
     @property
     def exact_reachable_grad_frac(self) -> float:
-        """Share of the reachable gradient targets hit (1.0 when none is reachable)."""
+        """Share of the gradient targets not reported unreachable that are hit (1.0 when none is). A diagnostic:
+        the network's own report sets its denominator, so it cannot test the network; use exact_grad_frac or
+        exact_phi_reachable_grad_frac."""
         reach = ~self.unreachable
         return float(self.exact_grad[reach].double().mean()) if reach.any() else 1.0
+
+    @property
+    def exact_phi_reachable_grad_frac(self) -> float:
+        """Share of the gradient targets some float slope reaches through phi (decided from phi alone) that are
+        hit (1.0 when there is none)."""
+        mask = self.phi_unreachable if self.phi_unreachable is not None else torch.zeros_like(self.exact_grad)
+        reach = ~mask
+        return float(self.exact_grad[reach].double().mean()) if reach.any() else 1.0
+
+    @property
+    def zero_sign_mismatch_frac(self) -> float:
+        """Share of gradient targets that are zeros of the other sign (IEEE-equal, bitwise different)."""
+        m = self.zero_sign_mismatch
+        return 0.0 if m is None else float(m.double().mean())
 
     @property
     def reachable_frac(self) -> float:
@@ -133,7 +156,13 @@ def verify(model: nn.Module, points: torch.Tensor, values: torch.Tensor, grads: 
     exact_grad = (grad == target) & torch.isfinite(grad)
     grad_ulps = ulp_distance(grad.detach(), target)
     unreachable = torch.zeros_like(exact_grad)
+    phi_unreachable = torch.zeros_like(exact_grad)
     for u in getattr(model, "unreachable", []):
         unreachable[u.point, u.coordinate] = True
+        if getattr(u, "kind", "phi") == "phi":
+            phi_unreachable[u.point, u.coordinate] = True
     nonfinite = int((~torch.isfinite(out)).sum() + (~torch.isfinite(grad)).sum())
-    return VerificationResult(exact_value, exact_grad, value_ulps, grad_ulps, unreachable, nonfinite)
+    zero = (grad == 0) & (target == 0)
+    sign_mismatch = zero & (torch.signbit(grad.detach()) != torch.signbit(target))
+    return VerificationResult(exact_value, exact_grad, value_ulps, grad_ulps, unreachable, nonfinite,
+                              phi_unreachable, sign_mismatch)

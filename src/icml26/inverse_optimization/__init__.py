@@ -7,10 +7,11 @@ An agent repeatedly picks the best action for an unknown linear objective over M
 learner predicts the agent's choice and learns from it. The paper proves regret O(d log d), independent of the
 horizon T, and O((C + 1) d log d) under C corrupted observations; online Newton step pays O(d log T).
 
-``MConvexInverseLearner`` (order constraints, exact order-polytope centroid, restart on contradiction) with
-uniform, partition and graphic matroid oracles, and the ONS / OGD baselines. Not implemented: general M-convex
-sets beyond matroid bases, the paper's finer corruption monitoring (ours restarts on every cycle; a
-reconstruction), and the cutting-plane baseline with 10^4 d samples.
+``MConvexInverseLearner`` (order constraints, exact order-polytope centroid; on a contradiction restart or drop
+the rounds forming the cycle) with uniform, partition and graphic matroid oracles, the ONS / OGD baselines (ties
+snapped so results agree across CPUs) and an adaptive smallest-gap adversary (``data.adaptive_pairs``). Not
+implemented: general M-convex sets beyond matroid bases, the paper's own corruption monitoring (ours are
+reconstructions), and the cutting-plane baseline with 10^4 d samples.
 """
 
 from .action_sets import ActionSet, GraphicMatroid, PartitionMatroid, UniformMatroid

@@ -39,7 +39,8 @@ class ActionSet(Protocol):
 
 def _order(w: np.ndarray, items: Sequence[int]) -> list[int]:
     """``items`` by decreasing weight, ties by increasing index (deterministic greedy)."""
-    return sorted(items, key=lambda i: (-w[i], i))
+    wl = w.tolist()                       # Python floats: the same values, compared without NumPy scalars
+    return sorted(items, key=lambda i: (-wl[i], i))
 
 
 def _check_w(w: np.ndarray, d: int) -> np.ndarray:

@@ -9,6 +9,12 @@ suboptimality loss's subgradient g_t = eta (x^_t - x_t); K is the action set's d
   per round g = eta (x^ - x), A <- A + g g^T, theta <- Proj^A_ball(theta - A^-1 g / gamma), the generalised
   projection found by bisection on lambda >= 0 with ||(A + lambda I)^-1 b|| = 1, b = A theta - g / gamma.
 
+**Ties.** Both predict ``argmax_x <snap(theta), x>`` with theta rounded to ``TIE_DECIMALS`` decimals: on a
+degenerate A (repeated eigenvalues) ``eigh`` returns eigenvectors that differ between CPUs and BLAS builds by
+~1e-16, which decided exact ties among theta's coordinates one way on one machine and the other way on another
+(measured: ONS's regret moved by up to 40 % per seed). Rounding to 1e-9 turns such noise-level differences into
+exact ties, which the greedy oracle then breaks by the lower index, the same on every CPU.
+
 Example:
     >>> import numpy as np
     >>> from icml26.inverse_optimization import UniformMatroid
@@ -26,6 +32,14 @@ import numpy as np
 
 from .action_sets import ActionSet
 
+#: decimals theta is rounded to before the argmax (ties within 1e-9 are broken by index, the same on any CPU)
+TIE_DECIMALS = 9
+
+
+def snap(theta: np.ndarray) -> np.ndarray:
+    """theta rounded to ``TIE_DECIMALS`` decimals (``-0.0`` made ``0.0``), so noise-level ties become exact ones."""
+    return np.round(theta, TIE_DECIMALS) + 0.0
+
 
 class _BallLearner:
     def __init__(self, d: int, D: float, K: float):
@@ -35,18 +49,29 @@ class _BallLearner:
             raise ValueError(f"D and K must be > 0, got {D}, {K}")
         self.d, self.D, self.K = int(d), float(D), float(K)
         self.theta_ = np.zeros(self.d)
-        self.n_rounds_ = 0
+        self.n_rounds_ = self.n_mistakes_ = 0
+        self._last: tuple[ActionSet, np.ndarray] | None = None     # the last (set, prediction), until theta moves
 
     def predict(self, action_set: ActionSet) -> np.ndarray:
+        """argmax over the feasible set of <snap(theta), x> (greedy; ties by the lower index)."""
         if getattr(action_set, "d", None) != self.d:
             raise ValueError(f"the feasible set has dimension {getattr(action_set, 'd', None)}, the learner {self.d}")
-        return action_set.argmax(self.theta_)
+        if self._last is not None and self._last[0] is action_set:
+            return self._last[1].copy()
+        guess = action_set.argmax(snap(self.theta_))
+        self._last = (action_set, guess)
+        return guess.copy()
 
     def update(self, action_set: ActionSet, x_obs: np.ndarray):
         if not action_set.contains(x_obs):
             raise ValueError("the observed action is not in the feasible set")
         self.n_rounds_ += 1
-        self._step(self.predict(action_set).astype(float) - np.asarray(x_obs, dtype=float))
+        guess = self.predict(action_set)
+        if np.array_equal(guess, np.asarray(x_obs)):
+            return self       # zero subgradient: the step is the identity (skipped, so no round-off drift)
+        self.n_mistakes_ += 1
+        self._step(guess.astype(float) - np.asarray(x_obs, dtype=float))
+        self._last = None
         return self
 
 

@@ -11,6 +11,10 @@ round:
 The agent answers argmax <w*, x>; in corrupted rounds it reveals the worst action, argmin <w*, x>, instead.
 Regret is always measured against the true optimum with w*.
 
+``adaptive_pairs`` is the adversarial stream: every round it shows the pair {i, j} (choose one of two) that the
+learner currently gets wrong with the smallest gap |w*_i - w*_j|, so every round is a mistake, until the learner
+orders every pair as w* does (then no feasible set of this kind can make it err again, and the run stops).
+
 Example:
     >>> env = Environment("topk", d=6, seed=0)
     >>> X = env.draw()
@@ -78,6 +82,35 @@ class Environment:
                 for i in range(1, self.n_nodes)}
         extra = {int(e) for e in rng.choice(d, size=int(rng.integers(1, d + 1)), replace=False)}
         return GraphicMatroid(self.n_nodes, self.edges, sorted(tree | extra))
+
+
+def adaptive_pairs(d: int, seed: int, learner: object, max_rounds: int) -> tuple[int, float]:
+    """Run ``learner`` against the smallest-gap wrong-pair adversary; return (mistakes, cumulative regret).
+
+    w* is the one ``Environment("pairs", d, seed)`` draws. Each round the adversary asks the learner's prediction on
+    every pair (ties broken as the learner breaks them), keeps the pairs it gets wrong, and shows the one with the
+    smallest gap (ties by the lower pair index); the agent answers it honestly.
+    """
+    w = Environment("pairs", d, seed).w_star
+    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
+    sets = [UniformMatroid(d, [i, j], 1) for i, j in pairs]
+    mistakes, regret = 0, 0.0
+    for _ in range(max_rounds):
+        wrong = []
+        for k, ((i, j), X) in enumerate(zip(pairs, sets, strict=True)):
+            pick = int(np.flatnonzero(learner.predict(X))[0])
+            other = j if pick == i else i
+            if w[other] > w[pick]:
+                wrong.append((w[other] - w[pick], k))
+        if not wrong:
+            break
+        gap, k = min(wrong)
+        X = sets[k]
+        # $$r_t = \langle w^*, x_t - \hat x_t \rangle$$  (the learner's pick on this pair is the wrong one)
+        regret += float(gap)
+        mistakes += 1
+        learner.update(X, X.argmax(w))
+    return mistakes, regret
 
 
 def simulate(kind: str, d: int, seed: int, learners: Mapping[str, object], T: int,

@@ -16,8 +16,14 @@ The learner (the design's reconstruction from the paper's structural characteris
 - **update only on mistakes**: a mistake exposes an edge that cuts through the centroid, so by Grünbaum's
   theorem vol(K_{t+1}) <= (1 - 1/e) vol(K_t); the volume starts at 1 and stays >= 1/d!, hence
   #mistakes <= ln(d!) / ln(e/(e - 1)) ~= 2.18 ln(d!) = O(d log d), and the regret is bounded independently of T;
-- **corruption-robust variant**: true edges never form a cycle, so a cycle proves a corrupted observation in the
-  current epoch; the learner then discards all edges and restarts (O((C + 1) d log d) mistakes, C unknown).
+- **corruption-robust variants**: true edges never form a cycle (w* has no ties), so a cycle proves that one of the
+  rounds whose edges form it was corrupted. ``on_cycle="restart"`` discards every edge and restarts (the paper's
+  O((C + 1) d log d) argument: at most C + 1 epochs); ``on_cycle="drop_cycle"`` discards only the rounds whose edges
+  form the cycle (the current one included) and rebuilds the order from the others. Each drop removes at least
+  one corrupted round, which never returns, so there are at most C drops; between drops every mistake (corrupted
+  or not: x_obs is not the greedy choice under w^, so one of its edges cuts through the centroid) still shrinks the
+  non-empty order polytope by Grünbaum's factor from a volume of at most 1 to at least 1/d!, so drop-cycle keeps
+  the same (C + 1) (ln(d!) / ln(e/(e-1)) + 1) mistake bound while keeping the honest rounds outside the cycle.
 
 Example:
     >>> import numpy as np
@@ -167,6 +173,9 @@ def mcmc_centroid(poset: Poset, n_samples: int, rng: np.random.Generator, burn_i
     return total / n_samples / (d + 1)
 
 
+ON_CYCLE = ("restart", "drop_cycle", "ignore")
+
+
 class MConvexInverseLearner:
     """Online inverse linear optimisation on M-convex sets with regret bounded independently of T.
 
@@ -175,27 +184,38 @@ class MConvexInverseLearner:
         centroid: ``"exact"`` (DP, exact up to ``max_exact_d``, then MCMC), ``"mcmc"``, or ``"consistent"``
             (any point of the knowledge set: the heights of one linear extension; the ablation without the
             centroid's guarantee).
-        robust: on a contradictory observation (a cycle) discard everything and restart; ``False`` ignores the
-            contradicting constraints instead (the non-robust variant).
+        robust: shorthand kept for older code: ``True`` is ``on_cycle="restart"``, ``False`` is
+            ``on_cycle="ignore"`` (used only when ``on_cycle`` is not given).
+        on_cycle: what a contradictory observation (a cycle) does: ``"restart"`` discards every constraint,
+            ``"drop_cycle"`` discards the rounds whose constraints form the cycle (the current one included),
+            ``"ignore"`` skips the contradicting constraints (the non-robust variant).
         max_exact_d: largest d for the exact DP when ``centroid="exact"``.
         n_samples: MCMC samples.
         random_state: seed of the MCMC chain.
 
     Attributes:
-        w_hat_: the current point estimate; n_mistakes_, n_restarts_, n_rounds_; poset_ (the order constraints).
+        w_hat_: the current point estimate; n_mistakes_, n_restarts_ (restarts or drops), n_dropped_rounds_,
+        n_rounds_; poset_ (the order constraints).
     """
 
     def __init__(self, d: int, centroid: str = "exact", robust: bool = True, max_exact_d: int = 16,
-                 n_samples: int = 2000, random_state: int | None = None):
+                 n_samples: int = 2000, random_state: int | None = None, on_cycle: str | None = None):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
             raise ValueError(f"d must be a positive int, got {d!r}")
         if centroid not in ("exact", "mcmc", "consistent"):
             raise ValueError(f"centroid must be 'exact', 'mcmc' or 'consistent', got {centroid!r}")
-        self.d, self.centroid, self.robust = int(d), centroid, robust
+        if on_cycle is None:
+            on_cycle = "restart" if robust else "ignore"
+        if on_cycle not in ON_CYCLE:
+            raise ValueError(f"on_cycle must be one of {ON_CYCLE}, got {on_cycle!r}")
+        self.d, self.centroid, self.on_cycle = int(d), centroid, on_cycle
+        self.robust = on_cycle != "ignore"
         self.max_exact_d, self.n_samples = max_exact_d, n_samples
         self._rng = np.random.default_rng(random_state)
         self.poset_ = Poset(self.d)
-        self.n_mistakes_ = self.n_restarts_ = self.n_rounds_ = 0
+        self._kept: dict[int, list[tuple[int, int]]] = {}    # mistake round -> its edges (drop_cycle)
+        self.n_mistakes_ = self.n_restarts_ = self.n_rounds_ = self.n_dropped_rounds_ = 0
+        self._last: tuple[ActionSet, np.ndarray] | None = None     # the last (set, prediction), until w_hat moves
         self.w_hat_ = self._estimate()
 
     def _estimate(self) -> np.ndarray:
@@ -214,7 +234,11 @@ class MConvexInverseLearner:
     def predict(self, action_set: ActionSet) -> np.ndarray:
         """The recommended action: argmax over the feasible set of <w_hat, x> (greedy)."""
         self._check(action_set)
-        return action_set.argmax(self.w_hat_)
+        if self._last is not None and self._last[0] is action_set:
+            return self._last[1].copy()      # same set, same w_hat: update() reuses the prediction it follows
+        guess = action_set.argmax(self.w_hat_)
+        self._last = (action_set, guess)
+        return guess.copy()
 
     def update(self, action_set: ActionSet, x_obs: np.ndarray) -> MConvexInverseLearner:
         """Learn from the agent's optimal action ``x_obs`` on ``action_set`` (only a mistake changes anything)."""
@@ -226,19 +250,67 @@ class MConvexInverseLearner:
         if np.array_equal(self.predict(action_set), x_obs):
             return self
         self.n_mistakes_ += 1
+        before = list(self.poset_.below)
         self._add_edges(action_set.exchange_pairs(x_obs))
-        self.w_hat_ = self._estimate()
+        if self.poset_.below != before or self.centroid == "mcmc":
+            self.w_hat_ = self._estimate()      # an unchanged order keeps its (exact) centroid
+            self._last = None
         return self
 
     def _add_edges(self, edges: Iterable[tuple[int, int]]) -> None:
         trial = self.poset_.copy()
+        mine: list[tuple[int, int]] = []
         for i, j in edges:
             if trial.contradicts(i, j):
-                if self.robust:
+                if self.on_cycle == "restart":
                     # a cycle proves a corrupted observation in this epoch: discard everything, restart
                     self.poset_ = Poset(self.d)
+                    self._kept = {}
                     self.n_restarts_ += 1
+                    return
+                if self.on_cycle == "drop_cycle":
+                    # a cycle proves that one of the rounds forming it was corrupted: drop those rounds only
+                    self._drop(self._cycle_rounds(i, j, mine))
                     return
                 continue  # non-robust: ignore the contradicting constraint
             trial.add(i, j)
+            mine.append((i, j))
         self.poset_ = trial
+        if self.on_cycle == "drop_cycle" and mine:
+            self._kept[self.n_rounds_] = mine
+
+    def _cycle_rounds(self, i: int, j: int, mine: list[tuple[int, int]]) -> set[int]:
+        """Rounds whose edges, with the new edge i > j, close a cycle: a shortest path j > ... > i (BFS, edges
+        in round order) through the kept rounds' edges and the current round's edges added so far."""
+        adj: dict[int, list[tuple[int, int]]] = {}
+        for r, es in [*sorted(self._kept.items()), (self.n_rounds_, mine)]:
+            for a, b in es:
+                adj.setdefault(a, []).append((b, r))
+        parent: dict[int, tuple[int, int]] = {}
+        frontier, seen = [j], {j}
+        while frontier and i not in seen:
+            nxt = []
+            for a in frontier:
+                for b, r in adj.get(a, []):
+                    if b not in seen:
+                        seen.add(b)
+                        parent[b] = (a, r)
+                        nxt.append(b)
+            frontier = nxt
+        if i not in seen:                    # cannot happen: the poset is the closure of these edges
+            raise RuntimeError("contradiction without a path in the kept constraints")
+        rounds, node = {self.n_rounds_}, i
+        while node != j:
+            node, r = parent[node]
+            rounds.add(r)
+        return rounds
+
+    def _drop(self, rounds: set[int]) -> None:
+        for r in rounds:
+            self._kept.pop(r, None)
+        self.poset_ = Poset(self.d)
+        for es in self._kept.values():
+            for a, b in es:
+                self.poset_.add(a, b)
+        self.n_restarts_ += 1
+        self.n_dropped_rounds_ += len(rounds)
