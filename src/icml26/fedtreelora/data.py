@@ -1,0 +1,206 @@
+r"""The embedded default: a planted hierarchy of counting rules over a centrally pretrained tiny Llama.
+
+**Inputs.** Strings of ``length`` letters from ``letters`` (default ``a``-``h``) followed by a query,
+``"cabhadeg:a="``, written with the lab's character tokenizer (``icml26.common.tiny_lm.char_tokenizer``). Every
+prompt has the same length, so batches need no padding.
+
+**The base (public, central).** A tiny Llama pretrained on *count queries*: ``"cabhadeg:a="`` -> ``"2"`` (how often
+the query letter occurs; counts 0-3 equally often). It learns to find a letter and count it and to write the
+count as a digit; it never sees a client's rule. ``pretrain_corpus`` generates its data.
+
+**Clients (private, federated).** Client k sees the same kind of prompt (query letter uniform over the alphabet)
+and answers ``"1"`` or ``"0"``: is the count of the query letter in its rule's positive set? A rule is written as
+its labels for the counts 0, 1, 2, 3. The planted tree:
+
+=========  ======  ===========================  ================================================
+level      blocks  differs by                   default rules (labels of counts 0 1 2 3)
+=========  ======  ===========================  ================================================
+top        2       the shape of the rule        group 0 "at least t", group 1 "exactly in a band"
+subgroup   4       its parameter                ``0011`` (>= 2), ``0001`` (>= 3), ``0100`` (= 1), ``0110`` (1-2)
+leaf       8       data only                    two clients per rule, disjoint samples
+=========  ======  ===========================  ================================================
+
+Siblings share the rule; cousins disagree on one count value; rules of different groups disagree on two or
+three, so one global rule cannot serve everyone (FedAvg's conflict). Every client needs the same low-level skill
+(finding and counting the query letter, which the base has) and differs in the decision read from the count: the
+functional structure of the paper's "shared trunk, specialised branches". No rule is the complement of another
+(complements would flip every layer's update and hide the depth structure). Each client draws its counts so that
+its labels are balanced (half of the mass uniform over the rule's positive counts, half over the negative ones),
+a mild statistical heterogeneity on top of the rules.
+
+Example:
+    >>> import numpy as np
+    >>> world = World()
+    >>> [c.rule for c in world.clients][::2]
+    ['0011', '0001', '0100', '0110']
+    >>> world.planted_labels("top").tolist(), world.planted_labels("subgroup").tolist()
+    ([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])
+    >>> s, y = world.sample(world.clients[2], np.random.default_rng(0), 3)
+    >>> [(t, int(v)) for t, v in zip(s, y)]
+    [('daaacgfh:c', 0), ('ddhbgefc:f', 0), ('fgbghadg:g', 1)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: count values a prompt can have (the base is pretrained on the same range)
+COUNTS = (0, 1, 2, 3)
+
+
+def rule_set(rule: str) -> frozenset[int]:
+    """The positive counts of a rule written as its labels of the counts 0..3 (``"0011"``: count >= 2)."""
+    if not isinstance(rule, str) or len(rule) != len(COUNTS) or set(rule) - {"0", "1"}:
+        raise ValueError(f"a rule is {len(COUNTS)} characters of 0/1 (labels of the counts {COUNTS}), got {rule!r}")
+    pos = frozenset(c for c, ch in zip(COUNTS, rule, strict=True) if ch == "1")
+    if not pos or pos == frozenset(COUNTS):
+        raise ValueError(f"rule {rule!r} labels every count the same")
+    return pos
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """One client's planted rule and its place in the tree."""
+
+    cid: int
+    rule: str
+    """labels of the counts 0..3 of the query letter (``"0011"``: 1 iff count >= 2)"""
+    group: int
+    """top-level group"""
+    subgroup: int
+    """subgroup (the exact rule)"""
+
+    @property
+    def positive(self) -> frozenset[int]:
+        return rule_set(self.rule)
+
+
+@dataclass
+class World:
+    """The planted hierarchy: one tuple of rules per top-level group, ``per_rule`` clients per rule.
+
+    Args:
+        groups: rules of each group (default: "at least 2 / 3" vs "exactly 1 / 1-2").
+        per_rule: clients sharing each exact rule.
+        letters: the alphabet of the strings.
+        length: string length (before the ``:q`` query).
+    """
+
+    groups: tuple[tuple[str, ...], ...] = (("0011", "0001"), ("0100", "0110"))
+    per_rule: int = 2
+    letters: str = "abcdefgh"
+    length: int = 8
+    clients: list[ClientSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(set(self.letters)) != len(self.letters) or len(self.letters) < 3:
+            raise ValueError(f"letters must be at least 3 distinct characters, got {self.letters!r}")
+        if self.per_rule < 1 or self.length < max(COUNTS) + 1:
+            raise ValueError(f"need per_rule >= 1 and length >= {max(COUNTS) + 1}, got {self.per_rule}, {self.length}")
+        rules = [r for g in self.groups for r in g]
+        if not rules or len(set(rules)) != len(rules):
+            raise ValueError(f"groups must hold distinct rules, got {self.groups}")
+        self.clients = []
+        sub = 0
+        for g, rules_g in enumerate(self.groups):
+            for rule in rules_g:
+                rule_set(rule)
+                for _ in range(self.per_rule):
+                    self.clients.append(ClientSpec(len(self.clients), rule, g, sub))
+                sub += 1
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    def planted_labels(self, level: str) -> np.ndarray:
+        """Cluster labels of the planted tree at ``level`` (``"top"``, ``"subgroup"`` or ``"leaf"``)."""
+        if level == "top":
+            return np.array([c.group for c in self.clients])
+        if level == "subgroup":
+            return np.array([c.subgroup for c in self.clients])
+        if level == "leaf":
+            return np.arange(self.n_clients)
+        raise ValueError(f"level must be 'top', 'subgroup' or 'leaf', got {level!r}")
+
+    def sample(self, client: ClientSpec, rng: np.random.Generator, n: int) -> tuple[list[str], np.ndarray]:
+        """``n`` prompts (without the final ``=``) of ``client``'s distribution and their 0/1 labels."""
+        pos = sorted(client.positive)
+        neg = sorted(set(COUNTS) - client.positive)
+        strings, labels = [], np.zeros(n, dtype=np.int64)
+        for i in range(n):
+            y = int(rng.random() < 0.5)
+            count = int(rng.choice(pos if y else neg))
+            q = str(rng.choice(list(self.letters)))
+            chars = list(rng.choice([c for c in self.letters if c != q], size=self.length))
+            for p in rng.choice(self.length, size=count, replace=False):
+                chars[p] = q
+            strings.append("".join(chars) + ":" + q)
+            labels[i] = y
+        return strings, labels
+
+
+def pretrain_corpus(letters: str, length: int, rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
+    """The base's public objective: ``"<string>:<q>="`` -> the count of q in the string (one digit).
+
+    The query letter is uniform over ``letters`` and planted 0-3 times (uniformly); the other positions are
+    uniform over the remaining letters.
+    """
+    prompts, answers = [], []
+    for _ in range(n):
+        q = str(rng.choice(list(letters)))
+        count = int(rng.integers(0, 4))
+        chars = list(rng.choice([c for c in letters if c != q], size=length))
+        for pos in rng.choice(length, size=count, replace=False):
+            chars[pos] = q
+        prompts.append("".join(chars) + f":{q}=")
+        answers.append(str(count))
+    return prompts, answers
+
+
+@dataclass
+class ClientData:
+    """One client's tokenised splits (fixed-length prompts, 0/1 labels) and its planted rule.
+
+    ``train`` / ``val`` / ``test``: ``(input_ids int64 array (n, T), labels int64 array (n,))``.
+    """
+
+    spec: ClientSpec
+    train: tuple[np.ndarray, np.ndarray]
+    val: tuple[np.ndarray, np.ndarray]
+    test: tuple[np.ndarray, np.ndarray]
+
+    @property
+    def cid(self) -> int:
+        return self.spec.cid
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train[1])
+
+
+def encode(tokenizer: Any, strings: list[str]) -> np.ndarray:
+    """Token ids of the prompts ``s + "="`` (all the same length) as an int64 array."""
+    ids = [tokenizer(s + "=", add_special_tokens=False)["input_ids"] for s in strings]
+    if len({len(r) for r in ids}) > 1:
+        raise ValueError("prompts must all have the same length")
+    return np.asarray(ids, dtype=np.int64)
+
+
+def make_clients(world: World, tokenizer: Any, *, n_train: int, n_val: int, n_test: int, seed: int
+                 ) -> list[ClientData]:
+    """Every client's train / validation / test splits, drawn with ``seed`` (disjoint draws per client)."""
+    if min(n_train, n_val, n_test) < 1:
+        raise ValueError(f"every split needs at least one example, got {n_train}, {n_val}, {n_test}")
+    out = []
+    for spec in world.clients:
+        rng = np.random.default_rng([seed, spec.cid, 17])
+        splits = []
+        for n in (n_train, n_val, n_test):
+            s, y = world.sample(spec, rng, n)
+            splits.append((encode(tokenizer, s), y))
+        out.append(ClientData(spec, *splits))
+    return out
