@@ -1,0 +1,402 @@
+"""Reproduction of MoDA: fine-grained VQA on scenes whose patches each hold two objects (entangled tokens).
+
+The world (``Config`` defaults): 2 x 2 patches, a one-layer Llama of width 64 (capacity-limited on purpose),
+500 stage-2 steps of 64 scenes; ``depths`` reruns some arms with other LM depths (full: two layers).
+
+The vision-language lab (``icml26.common.tiny_vlm``) builds once per ``lab_seed`` and caches a real HF
+``LlavaForConditionalGeneration`` (tiny SigLIP tower pretrained on per-patch attributes and frozen, LLaVA
+projector, tiny Llama) through the frozen-encoder pretraining and LLaVA stage 1 (captions: "describe patch 3" ->
+"red square and blue circle"). Stage 2 (instruction tuning on "what color is the left object in patch 3" ->
+"red") then starts from that one checkpoint for every arm, with the same budget, the same batches and the same
+test items:
+
+- ``none``: no adapter (plain LLaVA);
+- ``mlp``: a text-free residual MLP on the visual tokens, as many parameters as MoDA;
+- ``selfgate``: the paper's "self-attention (no text)" ablation, MoDA's modules with the visual tokens as memory;
+- ``film``: FiLM from the mean instruction embedding, as many parameters as MoDA;
+- ``additive``: Q-Former-style additive cross-attention ``V + W F(T, V)``, MoDA's modules added, not gated;
+- ``moda``: ``V * sigmoid(W F(T, V))``, attached with ``attach_moda`` (instruction = prompt tokens only).
+
+Every adapter goes through the same ``attach_moda`` hook. Each arm's stage-2 learning rate is chosen from
+``lr_grid`` on a validation split (its own scenes), once per configuration on the lab seed, and cached; the seeds
+then rerun every arm at its chosen rate on fresh batches, adapter initialisations and test items. Metrics, per
+test item so the claims pair arms by item (pooled over seeds): ``accuracy`` (exact match of the one-word answer,
+under teacher forcing = greedy decoding), ``entangled_accuracy`` (the items where the other object of the same
+patch differs in the asked attribute), ``pair_accuracy`` on MMVP-style pairs (two scenes differing only in the
+asked attribute; a pair counts when both answers are right). Two reference arms bracket the world: ``chance``
+(always the first colour / shape word: the best answer without the image) and ``probe`` (a linear probe reading the
+asked attribute from the asked patch's frozen token with the patch given: the information ceiling).
+``paper_scale`` holds MoDA's parameter and FLOP overhead at LLaVA-MoRE's size (``overhead.py``), the arms'
+``params`` / ``flops_overhead`` the lab's. ``depths`` adds a sweep of the language model's depth for
+``depth_arms`` (plot: the MoDA gap against depth).
+
+Example (the arms and the test items; ``run(PRESETS["smoke"])`` trains them all):
+    >>> from icml26.moda.experiment import ARMS, PRESETS, build_test_set, make_arm
+    >>> cfg = PRESETS["quick"]
+    >>> [type(make_arm(arm, cfg, seed=0)).__name__ for arm in ARMS]
+    ['NoneType', 'ResidualMLP', 'SelfAttentionGate', 'FiLM', 'AdditiveCrossAttention', 'MoDAAdapter']
+    >>> data = build_test_set(cfg, seed=0, n=6, n_pairs=2)
+    >>> data.items[0].prompt, data.items[0].answer, len(data.pair_items)
+    ('what shape is the left object in patch 3', 'triangle', 4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..common.io import atomic_write_text
+from ..common.plotting import new_figure, save_figure
+from ..common.progress import progress
+from ..common.results import SeedRun
+from ..common.tiny_vlm import (
+    COLORS,
+    SHAPES,
+    LabRecipe,
+    SceneSpec,
+    VLMSpec,
+    cache_dir,
+    encode,
+    instruction_sampler,
+    lab_vlm,
+    make_items,
+    mmvp_pairs,
+    render,
+    sample_scenes,
+    score_items,
+    train_vlm,
+)
+from .baselines import AdditiveCrossAttention, FiLM, ResidualMLP, SelfAttentionGate, n_params
+from .module import MoDAAdapter
+
+ARMS = ("none", "mlp", "selfgate", "film", "additive", "moda")
+#: version of the tuning procedure (bump when a change alters which learning rate an arm would get)
+TUNING_VERSION = 1
+
+
+@dataclass
+class Config:
+    """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
+
+    seed: int = 0
+    """seed of the stage-2 batches, the adapters' initialisation and the test items"""
+    lab_seed: int = 0
+    """seed of the lab checkpoint (encoder, stage 1) and of the learning-rate selection, cached"""
+    grid: int = 2
+    """patches per image side (grid**2 visual tokens, two objects each)"""
+    hidden: int = 64
+    """width E of the language model, the projector output and every adapter"""
+    layers: int = 1
+    """language-model layers of the main comparison (capacity-limited on purpose; ``depths`` sweeps others)"""
+    stage1_steps: int = 800
+    """LLaVA stage 1 (captions; projector + LM, see the lab) before any adapter exists"""
+    steps: int = 500
+    """stage-2 steps, the same for every arm (at 250 one training run's outcome was mostly luck: see README)"""
+    batch_size: int = 64
+    """scenes per step"""
+    lr_grid: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2)
+    """stage-2 peak learning rates tried for every arm (chosen on the validation split)"""
+    moda_heads: int = 4
+    """MoDA attention heads (official: 16 at E = 4096; head width 16 here)"""
+    moda_layers: int = 2
+    """MoDA decoder layers (official LLaVA-MoRE: 2)"""
+    moda_ff: int = 16
+    """MoDA feed-forward width (official: 1024 at E = 4096, the same E/4 ratio)"""
+    n_val: int = 500
+    """validation questions for the learning-rate choice (lab seed, their own scenes)"""
+    n_test: int = 1000
+    """test questions per seed (fresh scenes each)"""
+    n_pairs: int = 300
+    """MMVP-style test pairs per seed"""
+    arms: tuple[str, ...] = ARMS
+    """arms trained on the test seeds (the learning-rate choice always covers all of ``ARMS``)"""
+    depths: tuple[int, ...] = ()
+    """further language-model depths for the gap-against-depth sweep (empty: none)"""
+    depth_arms: tuple[str, ...] = ("none", "moda")
+    """arms rerun at each depth of the sweep (at the learning rate chosen at ``layers``)"""
+    paper_scale: bool = True
+    """measure MoDA's parameter and FLOP overhead at LLaVA-MoRE's size (meta device, a few seconds)"""
+
+
+PRESETS: dict[str, Config] = {
+    "smoke": Config(stage1_steps=60, steps=20, n_val=64, n_test=96, n_pairs=32, lr_grid=(3e-3,), paper_scale=False,
+                    depths=(2,), depth_arms=("none", "moda")),
+    # quick is full's first two seeds for the headline arms, without the depth sweep: the same world, checkpoint
+    # and learning-rate choice. Two seeds, not one: a one-layer LM's training run varies by more than the claims'
+    # effects, and only several seeds let the checks see it (see README, Deviations)
+    "quick": Config(arms=("none", "selfgate", "moda")),
+    "full": Config(n_test=2000, n_pairs=600, depths=(2,)),
+}
+
+
+# ------------------------------------------------------------------------------------------------------ the lab
+def recipe(cfg: Config, layers: int | None = None) -> LabRecipe:
+    """The lab checkpoint every arm starts from (encoder pretrained and frozen, LLaVA stage 1 done)."""
+    layers = cfg.layers if layers is None else layers
+    return LabRecipe(scenes=SceneSpec(grid=cfg.grid), spec=VLMSpec(hidden=cfg.hidden, layers=layers, heads=4,
+                                                                    intermediate=2 * cfg.hidden,
+                                                                    attn_implementation="sdpa"),
+                     stage1_steps=cfg.stage1_steps, batch_size=cfg.batch_size, seed=cfg.lab_seed)
+
+
+def make_arm(arm: str, cfg: Config, seed: int) -> torch.nn.Module | None:
+    """The adapter of ``arm`` (``None`` for ``none``), initialised from ``seed``."""
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+    if arm == "none":
+        return None
+    kw = dict(num_heads=cfg.moda_heads, num_layers=cfg.moda_layers, ff_dim=cfg.moda_ff)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        size = n_params(MoDAAdapter(cfg.hidden, **kw))
+        torch.manual_seed(seed)
+        if arm == "moda":
+            return MoDAAdapter(cfg.hidden, **kw)
+        if arm == "selfgate":
+            return SelfAttentionGate(cfg.hidden, **kw)
+        if arm == "additive":
+            return AdditiveCrossAttention(cfg.hidden, **kw)
+        if arm == "mlp":
+            return ResidualMLP(cfg.hidden, target_params=size)
+        return FiLM(cfg.hidden, target_params=size)
+
+
+def train_arm(arm: str, cfg: Config, lr: float, seed: int, layers: int | None = None) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, adapter)``: the lab checkpoint with ``arm`` attached, after stage 2 at ``lr``."""
+    from .hf import attach_moda
+
+    model, tok = lab_vlm(recipe(cfg, layers), desc=None)
+    adapter = make_arm(arm, cfg, seed)
+    if adapter is not None:
+        attach_moda(model, adapter)
+    scenes = SceneSpec(grid=cfg.grid)
+    train_vlm(model, instruction_sampler(tok, scenes, "attribute", cfg.batch_size), steps=cfg.steps,
+              trainable="projector+lm", extra_params=() if adapter is None else adapter.parameters(), lr=lr,
+              seed=seed, desc=None)
+    return model, tok, adapter
+
+
+def _scores(model: Any, tok: Any, scenes: SceneSpec, attrs: np.ndarray, items: list, seed: int
+            ) -> np.ndarray:
+    """Per-item exact match, batched (images rendered with ``seed``: identical for every arm)."""
+    images = render(scenes, attrs, np.random.default_rng(seed))
+    out = []
+    for i in range(0, len(items), 256):
+        batch = encode(tok, items[i:i + 256], scenes, None, images=images[i:i + 256])
+        out.append(score_items(model, batch)[0])
+    return np.concatenate(out)
+
+
+@dataclass
+class EvalSet:
+    """One seed's test items: independent questions and MMVP-style pairs."""
+
+    attrs: np.ndarray
+    items: list
+    pair_attrs: np.ndarray
+    pair_items: list
+
+
+def build_test_set(cfg: Config, seed: int, n: int, n_pairs: int) -> EvalSet:
+    scenes = SceneSpec(grid=cfg.grid)
+    rng = np.random.default_rng([seed, 77])
+    attrs = sample_scenes(scenes, rng, n)
+    items = make_items(scenes, attrs, rng, "attribute")
+    pair_attrs, pair_items = mmvp_pairs(scenes, rng, n_pairs, "attribute")
+    return EvalSet(attrs, items, pair_attrs, pair_items)
+
+
+def evaluate(model: Any, tok: Any, cfg: Config, data: EvalSet, seed: int) -> dict[str, np.ndarray]:
+    """``accuracy`` per item, ``entangled`` per entangled item, ``pair_accuracy`` per MMVP pair."""
+    scenes = SceneSpec(grid=cfg.grid)
+    acc = _scores(model, tok, scenes, data.attrs, data.items, seed)
+    pairs = _scores(model, tok, scenes, data.pair_attrs, data.pair_items, seed + 1).reshape(-1, 2).min(1)
+    ent = np.array([it.entangled for it in data.items])
+    return {"accuracy": acc, "entangled_accuracy": acc[ent], "pair_accuracy": pairs}
+
+
+# --------------------------------------------------------------------------------------------- learning rates
+def _tuning_key(cfg: Config) -> dict[str, Any]:
+    """Everything that decides one validation run but the arm and the rate (test sizes and sweeps excluded)."""
+    keep = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in ("seed", "n_test", "n_pairs", "arms", "depths", "depth_arms", "paper_scale",
+                              "lr_grid")}
+    return {"paper": "moda", "tuning": TUNING_VERSION, "lab": recipe(cfg).key(), **keep}
+
+
+def validation_accuracy(cfg: Config, arm: str, lr: float) -> float:
+    """Validation accuracy of ``arm`` trained at ``lr`` on the lab seed's batches (cached per arm and rate; a
+    diverged run scores 0)."""
+    from .. import __version__
+
+    key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
+    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
+    path = cache_dir() / "moda_tuning" / f"{digest.hexdigest()[:20]}.json"
+    if path.is_file():
+        return float(json.loads(path.read_text())["val_accuracy"])
+    seed = 20_000 + cfg.lab_seed
+    try:
+        model, tok, _ = train_arm(arm, cfg, lr, seed)
+        val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val, 1)
+        acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items, seed).mean())
+    except FloatingPointError:  # diverged at this rate: it cannot be chosen
+        acc = 0.0
+    atomic_write_text(path, json.dumps({"key": key, "val_accuracy": acc}, sort_keys=True, indent=2, default=str))
+    return acc
+
+
+def tuned_arms(cfg: Config) -> tuple[str, ...]:
+    """The arms whose rate ``cfg`` needs: ``arms`` and, with a depth sweep, ``depth_arms`` (in ``ARMS`` order)."""
+    need = {*cfg.arms, *(cfg.depth_arms if cfg.depths else ())}
+    return tuple(a for a in ARMS if a in need)
+
+
+def tune_learning_rates(cfg: Config) -> dict[str, dict[str, float]]:
+    """``{arm: {"lr", "val_accuracy"}}``: each needed arm's best rate in ``lr_grid`` on the validation split.
+
+    Every arm gets the same grid, the same stage-2 budget and the same validation items; selection uses the lab
+    seed's batches and initialisation, never the test items. Each (arm, rate) run is cached, so widening the grid
+    trains only the new points. Ties go to the smaller rate.
+    """
+    choice = {}
+    for arm in progress(tuned_arms(cfg), desc="moda lr selection"):
+        by_lr = {float(lr): validation_accuracy(cfg, arm, lr) for lr in cfg.lr_grid}
+        best = max(by_lr, key=lambda lr: (by_lr[lr], -lr))
+        choice[arm] = {"lr": best, "val_accuracy": by_lr[best]}
+    return choice
+
+
+# ----------------------------------------------------------------------------------------- reference arms
+def chance_outcomes(items: list) -> np.ndarray:
+    """Correctness of the best image-blind answer (the first colour / shape word; answers are uniform)."""
+    return np.array([float(it.answer == (COLORS[0] if it.attribute == 0 else SHAPES[0])) for it in items])
+
+
+@torch.no_grad()
+def probe_outcomes(model: Any, cfg: Config, data: EvalSet, seed: int, n_train: int = 2000) -> np.ndarray:
+    """Information ceiling: a least-squares linear probe per (side, attribute) reads the answer from the frozen
+    token of the asked patch (the patch is given to the probe); per-item correctness."""
+    scenes = SceneSpec(grid=cfg.grid)
+    tower = model.model.vision_tower.eval()
+
+    def tokens(attrs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        x = torch.from_numpy(render(scenes, attrs, rng))
+        h = tower(x, output_hidden_states=True).hidden_states[-1].double().numpy()
+        return np.concatenate([h, np.ones((*h.shape[:2], 1))], axis=-1)
+
+    rng = np.random.default_rng([seed, 91])
+    train = sample_scenes(scenes, rng, max(1, n_train // scenes.n_patches))
+    xtr = tokens(train, rng)
+    xtr = xtr.reshape(-1, xtr.shape[-1])
+    ytr = train.reshape(-1, 4)
+    weights = [np.linalg.lstsq(xtr, np.eye(4)[ytr[:, j]], rcond=None)[0] for j in range(4)]
+    xte = tokens(data.attrs, np.random.default_rng(seed))
+    out = []
+    for i, it in enumerate(data.items):
+        j = 2 * it.side + it.attribute
+        out.append(float((xte[i, it.patch] @ weights[j]).argmax() == data.attrs[i, it.patch, it.side, it.attribute]))
+    return np.array(out)
+
+
+def toy_flops(model: Any, tok: Any, cfg: Config) -> float:
+    """Forward FLOPs of the model (adapter included) on one test question."""
+    from .overhead import count_flops
+
+    scenes = SceneSpec(grid=cfg.grid)
+    rng = np.random.default_rng(0)
+    attrs = sample_scenes(scenes, rng, 1)
+    batch = encode(tok, make_items(scenes, attrs, rng, "attribute"), scenes, attrs, rng)
+    return float(count_flops(model, **batch))
+
+
+@functools.lru_cache(maxsize=1)
+def _paper_scale() -> tuple[tuple[str, float], ...]:
+    """MoDA's overheads at LLaVA-MoRE's size (deterministic: measured once per process, reused by every seed)."""
+    from .overhead import paper_scale_overhead
+
+    inference = paper_scale_overhead(text_tokens=64)
+    training = paper_scale_overhead(text_tokens=64, response_tokens=2048 - 576 - 64)
+    return (("params_overhead", inference["params_overhead"]), ("flops_overhead", inference["flops_overhead"]),
+            ("flops_overhead_2048", training["flops_overhead"]))
+
+
+# ------------------------------------------------------------------------------------------------------- run
+def run(cfg: Config) -> SeedRun:
+    """One seed: every arm from the same stage-1 checkpoint at its selected rate; per-item outcomes."""
+    unknown = [a for a in (*cfg.arms, *cfg.depth_arms) if a not in ARMS]
+    if unknown or "none" not in cfg.arms:
+        raise ValueError(f"arms and depth_arms must be among {ARMS} and arms must include 'none', got {unknown}")
+    choice = tune_learning_rates(cfg)
+    data = build_test_set(cfg, cfg.seed, cfg.n_test, cfg.n_pairs)
+    units: dict[str, dict[str, dict[str, list[float]]]] = {"items": {}, "entangled": {}, "pairs": {}}
+    metrics: dict[str, dict[str, float]] = {}
+    base_flops = None
+    gates: dict[str, float] = {}
+    order = ["none", *(a for a in cfg.arms if a != "none")]  # the FLOP overheads are relative to "none"
+    for arm in progress(order, desc=f"moda seed {cfg.seed}"):
+        model, tok, adapter = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed)
+        out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
+        if isinstance(adapter, MoDAAdapter) and adapter.last_mask is not None:
+            gates[arm] = float(adapter.last_mask.mean())  # on the last evaluation batch
+        units["items"][arm] = {"accuracy": out["accuracy"].tolist()}
+        units["entangled"][arm] = {"entangled_accuracy": out["entangled_accuracy"].tolist()}
+        units["pairs"][arm] = {"pair_accuracy": out["pair_accuracy"].tolist()}
+        flops = toy_flops(model, tok, cfg)
+        base_flops = flops if arm == "none" else base_flops
+        metrics[arm] = {"lr": choice[arm]["lr"], "val_accuracy": choice[arm]["val_accuracy"],
+                        "params": float(0 if adapter is None else n_params(adapter)),
+                        "flops_overhead": flops / base_flops - 1.0}
+        if arm == "none":
+            units["items"]["chance"] = {"accuracy": chance_outcomes(data.items).tolist()}
+            units["items"]["probe"] = {"accuracy": probe_outcomes(model, cfg, data, cfg.seed).tolist()}
+    for arm, g in gates.items():
+        metrics[arm]["mean_gate"] = g
+    for layers in cfg.depths:
+        for arm in cfg.depth_arms:
+            model, tok, _ = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, layers=layers)
+            out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
+            units["items"][f"{arm}_l{layers}"] = {"accuracy": out["accuracy"].tolist()}
+    if cfg.paper_scale:
+        metrics["paper_scale"] = dict(_paper_scale())
+    return SeedRun(metrics, units=units, series={"depths": (cfg.layers, *cfg.depths)})
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Accuracy of each arm (mean over seeds, items pooled) and, with a depth sweep, the MoDA gap against depth."""
+    arms = result["arms"]
+    paths = []
+    fig, ax = new_figure()
+    names = [a for a in ("chance", *ARMS, "probe") if a in arms]
+    for i, name in enumerate(names):
+        stat = arms[name]["accuracy"]
+        ax.bar(i, stat["mean"], yerr=stat["std"], color="C3" if name == "moda" else "C0")
+    ax.set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+    ax.set_ylabel("test accuracy (exact match)")
+    ax.set_ylim(0, 1)
+    paths.append(save_figure(fig, out_dir / f"{result['mode']}_accuracy_by_arm.png"))
+    depths = runs[0].series.get("depths", ())
+    if len(depths) > 1:
+        main = depths[0]
+        fig, ax = new_figure()
+        for other in [a for a in ARMS if a != "moda"]:
+            gaps = []
+            for d in sorted(depths):
+                m, b = ("moda", other) if d == main else (f"moda_l{d}", f"{other}_l{d}")
+                if m in arms and b in arms:
+                    gaps.append((d, arms[m]["accuracy"]["mean"] - arms[b]["accuracy"]["mean"]))
+            if len(gaps) > 1:
+                ax.plot(*zip(*gaps, strict=True), marker="o", label=f"moda - {other}")
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xlabel("language-model layers")
+        ax.set_ylabel("accuracy gap")
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, out_dir / f"{result['mode']}_gap_vs_depth.png"))
+    return paths
