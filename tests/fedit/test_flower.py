@@ -121,3 +121,38 @@ def test_the_local_runner_refuses_what_flwr_run_would_reject_vaguely(tmp_path):
         federation.run(tmp_path, {})
     with pytest.raises(RuntimeError, match="start the LocalFederation first"):
         federation.run(app.APP_DIR, {"null": "gamma"})
+
+
+def test_close_stops_what_the_spawned_processes_started(tmp_path):
+    """A SuperLink starts flwr-simulation; close() must stop such children too (a process that spawns one here)."""
+    import os
+    import sys
+    import time
+
+    federation = LocalFederation(home=tmp_path)
+    federation.home = tmp_path
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+            "time.sleep(600)\n")
+    parent = federation._spawn([sys.executable, "-c", code], "superlink")
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    federation.close()
+    assert parent.poll() is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as stat:  # a zombie (killed, not yet reaped by init) counts as stopped
+            if stat.read().split(") ")[-1].startswith("Z"):
+                break
+        time.sleep(0.2)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the spawned process's child outlived close()")

@@ -515,6 +515,14 @@ class FlowerOutcome:
     run_id: int
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``proc`` leads (``start_new_session``); gone already is fine."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class LocalFederation:
     """A Flower federation on this machine: a SuperLink and, for the deployment engine, one SuperNode per
     client, as subprocesses on free loopback ports, with their own Flower home directory.
@@ -564,7 +572,9 @@ class LocalFederation:
             env["FLWR_HOME"] = str(self.home / name)
             (self.home / name).mkdir(exist_ok=True)
         with open(self.home / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            # its own process group, so that close() also stops what it starts (the SuperLink's flwr-simulation)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
         self._procs.append(proc)
         return proc
 
@@ -682,16 +692,18 @@ class LocalFederation:
         return FlowerOutcome(outcome["result"], outcome["transcript"], run_id)
 
     def close(self) -> None:
-        """Stop the SuperNodes, then the SuperLink (SIGTERM, then SIGKILL after 20 s); remove a temporary home."""
+        """Stop the SuperNodes, then the SuperLink, each with every process it started (SIGTERM to its process
+        group, then SIGKILL after 20 s); remove a temporary home."""
         for proc in reversed(self._procs):
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                _signal_group(proc, signal.SIGTERM)
         for proc in reversed(self._procs):
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
                 proc.wait(timeout=10)
+            _signal_group(proc, signal.SIGKILL)  # children that outlived their parent (e.g. flwr-simulation)
         self._procs.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
