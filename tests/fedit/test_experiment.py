@@ -10,11 +10,11 @@ import pytest
 from icml26.fedit import experiment
 from icml26.fedit.baselines import fisher, stouffer
 from icml26.fedit.data import shared_shifts
-from icml26.fedit.experiment import H0, H1, PRESETS, run
+from icml26.fedit.experiment import H0, H1, PRESETS, SMALL, SMALL_ARMS, run
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
-TINY = dict(h0_reps=3, h1_reps=2, perm_reps=2, n_permutations=10, dp_reps=2)
+TINY = dict(h0_reps=3, h1_reps=2, perm_reps=2, n_permutations=10, dp_reps=2, small_reps=2)
 
 
 def test_smoke_run_through_the_cli(tmp_path):
@@ -38,7 +38,7 @@ def test_replications_pair_across_methods_and_average_to_the_rates():
     cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
     out = run(cfg)
     reps = out.units["replications"]
-    lengths = {**dict.fromkeys(H0, cfg.h0_reps), **dict.fromkeys(H1, cfg.h1_reps)}
+    lengths = {**dict.fromkeys(H0, cfg.h0_reps), **dict.fromkeys(H1, cfg.h1_reps), **dict.fromkeys(SMALL, cfg.small_reps)}
     for arm, metrics in reps.items():
         for metric, values in metrics.items():
             assert set(values) <= {0.0, 1.0}
@@ -46,8 +46,10 @@ def test_replications_pair_across_methods_and_average_to_the_rates():
             if arm in experiment._methods(0):  # every method tested the same replications, in the same order
                 assert len(values) == lengths[metric]
     assert len(reps["fedit_perm"]["type1_shifts"]) == cfg.perm_reps
-    for arm in ("fedit_large", "fedit_dp_eps8", "fedit_dp_eps1"):
+    for arm in ("fedit_large", "fedit_dp_eps1", "fedit_dp_eps2", "fedit_dp_eps4", "fedit_dp_eps8"):
         assert len(reps[arm]["type1_error"]) == len(reps[arm]["power"]) == cfg.dp_reps
+    for arm in SMALL_ARMS:  # the small-client panel: every arm on the same replications
+        assert {m: len(reps[arm][m]) for m in SMALL} == dict.fromkeys(SMALL, cfg.small_reps)
 
 
 def test_privacy_arms_test_the_same_clients(monkeypatch):
@@ -76,6 +78,6 @@ def test_fisher_and_stouffer_share_the_clients_pvalues_exactly():
 def test_quick_reproduces_the_committed_results(tmp_path):
     data = reproduce_in_subprocess("fedit", tmp_path, mode="quick")
     # Every rejection is decided by a p-value against 0.05; another CPU's BLAS can move a p-value lying near 0.05
-    # across the line. 0.02 on a rate averaged over the 3 seeds allows 9 flipped replications of 450 under H0,
-    # 4 of 240 under H1 and 3 of 150 in the privacy arms.
+    # across the line. 0.02 on a rate averaged over the 3 seeds allows 7 flipped replications of 360 under H0,
+    # 3 of 180 under H1 and in the privacy arms, and 9 of 450 in each small-client scenario.
     assert_matches_committed(data, atol=0.02)

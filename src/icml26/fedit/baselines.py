@@ -7,6 +7,11 @@
 - ``copula_pooled``: within-client ranks, then one HSIC on the union (alignment without stacking).
 - ``fisher`` / ``stouffer``: each client's own HSIC test on its ranks, p-values combined.
 - ``stacked_raw``: the stacked statistic without alignment (raw data, per-client median-heuristic bandwidths).
+- ``stacked_asymptotic``: the proposed test with the asymptotic (Gretton et al.) null moments instead of the exact
+  permutation moments: the null of the first implementation, kept to show why it was replaced.
+
+Every gamma null here uses the exact permutation moments (``core.permutation_moments``) unless a function says
+otherwise, so the baselines and the proposed test share one null approximation.
 
 Example:
     >>> import numpy as np
@@ -25,11 +30,13 @@ import scipy.stats
 
 from .core import (
     aggregate,
-    centre,
     client_statistics,
     copula_transform,
+    gamma_sf,
     gaussian_gram,
+    gram_statistics,
     median_heuristic,
+    null_moments,
     uniform_median_bandwidth,
 )
 
@@ -42,20 +49,19 @@ def _col(a: np.ndarray) -> np.ndarray:
 
 
 def hsic_gamma_test(x: np.ndarray, y: np.ndarray, bandwidth_x: float | None = None,
-                    bandwidth_y: float | None = None, zscore: bool = True) -> float:
-    """HSIC with the gamma null on one sample; bandwidths default to the median heuristic."""
+                    bandwidth_y: float | None = None, zscore: bool = True, moments: str = "permutation") -> float:
+    """HSIC with the gamma null on one sample; bandwidths default to the median heuristic.
+
+    ``moments="asymptotic"`` gives the gamma of Gretton et al. (2008) and causal-learn's ``KCI_UInd``."""
     x, y = _col(x), _col(y)
     if zscore:
         x = np.nan_to_num(scipy.stats.zscore(x, ddof=1, axis=0))
         y = np.nan_to_num(scipy.stats.zscore(y, ddof=1, axis=0))
     bx = median_heuristic(x) if bandwidth_x is None else bandwidth_x
     by = median_heuristic(y) if bandwidth_y is None else bandwidth_y
-    Kc, Lc = centre(gaussian_gram(x, bx)), centre(gaussian_gram(y, by))
-    n = x.shape[0]
-    stat = float(np.sum(Kc * Lc))
-    mean = np.trace(Kc) * np.trace(Lc) / n
-    var = 2.0 * np.sum(Kc**2) * np.sum(Lc**2) / n**2
-    return float(scipy.stats.gamma.sf(stat, mean**2 / var, scale=var / mean))
+    stat, a, b = gram_statistics(gaussian_gram(x, bx), gaussian_gram(y, by))
+    mean, var = null_moments(a, b, x.shape[0], moments)
+    return gamma_sf(stat, mean, var)
 
 
 def pooled_hsic(clients: Clients) -> float:
@@ -111,6 +117,17 @@ def fisher(clients: Clients) -> float:
 def stouffer(clients: Clients) -> float:
     """Stouffer's combination of the clients' own tests (``local_pvalues``)."""
     return stouffer_combination(local_pvalues(clients))
+
+
+def stacked_asymptotic(clients: Clients) -> float:
+    """Copula alignment and stacking as proposed, but the gamma null from the asymptotic moments
+    tr(K~)tr(L~)/n and 2||K~||^2||L~||^2/n^2 per client (the first implementation's null)."""
+    stats = []
+    for X, Y in clients:
+        u, v = copula_transform(X), copula_transform(Y)
+        stats.append(client_statistics(u, v, uniform_median_bandwidth(u.shape[1]), uniform_median_bandwidth(v.shape[1]),
+                                       moments="asymptotic"))
+    return aggregate(stats).pvalue
 
 
 def stacked_raw(clients: Clients) -> float:

@@ -4,7 +4,8 @@ Every generator returns a list of (X_k, Y_k) pairs, one per client.
 
 - ``shared_shifts`` (scenario A): client k's X and Y are shifted by mu_k = 3k and 2 mu_k and scaled differently;
   ``dep = 0`` is H0 (independent within every client), ``dep > 0`` a sine dependence. Pooling creates spurious
-  dependence because the client shifts of X and Y co-vary.
+  dependence because the client shifts of X and Y co-vary. Any client sizes (``sizes``): the validity panel with
+  many small clients (20 x 8, 50 x 6, ``MIXED_SIZES``) uses it.
 - ``sign_flips`` (scenario B): the dependence is linear with a sign that alternates across clients.
 - ``monotone_shifts``: client-specific non-linear monotone maps of both marginals (exp, cube, logistic) plus
   shared shifts; different client sizes.
@@ -20,16 +21,25 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
 Clients = list[tuple[np.ndarray, np.ndarray]]
 
+MIXED_SIZES = (5, 5, 5, 6, 6, 6, 7, 8, 8, 10, 12, 25, 40, 60, 200)
+"""Client sizes of the mixed small-client scenario: eleven sites of 5 to 12 rows beside four larger ones (the
+sizes of the first implementation's audit, [12, 25, 60, 200, 40], with many small sites added)."""
 
-def shared_shifts(rng: np.random.Generator, *, K: int = 5, n: int = 80, dep: float = 0.0) -> Clients:
-    """Scenario A (the design's prototype): shared location/scale shifts, optional sine dependence."""
+
+def shared_shifts(rng: np.random.Generator, *, K: int = 5, n: int = 80, dep: float = 0.0,
+                  sizes: Sequence[int] | None = None) -> Clients:
+    """Scenario A (the design's prototype): shared location/scale shifts, optional sine dependence.
+
+    ``sizes`` gives each client's number of rows (then K = len(sizes)); else K clients of n rows."""
+    sizes = [n] * K if sizes is None else [int(s) for s in sizes]
     out = []
-    for k in range(K):
+    for k, n in enumerate(sizes):
         mu = 3.0 * k
         x = mu + (1 + 0.5 * k) * rng.normal(size=n)
         z, e = rng.normal(size=n), rng.normal(size=n)

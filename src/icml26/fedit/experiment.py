@@ -1,11 +1,12 @@
-"""Reproduction of the federated independence test: level under heterogeneity, power, privacy.
+"""Reproduction of the federated independence test: level under heterogeneity (also with many small clients),
+power, privacy.
 
 Each seed runs independent replications of every scenario (``data.py``) and every method on the same data:
-the proposed test (copula + stacking, gamma null), its permutation-null version, the baselines
+the proposed test (copula + stacking, exact-moment gamma null), its permutation-null version, the baselines
 (``baselines.py``: pooled raw HSIC, pooled global ranks, copula + pooled, Fisher, Stouffer, stacked without
-alignment) and the private test at epsilon in ``dp_epsilons``. Each replication's rejection at alpha = 0.05 is
-recorded (1 or 0) as a unit ``replications``, in the same order for every method, so that methods pair by
-replication (the same data went to each); the metric is the rejection rate:
+alignment, stacked with the asymptotic null moments) and the private test at epsilon in ``dp_epsilons``. Each
+replication's rejection at alpha = 0.05 is recorded (1 or 0) as a unit ``replications``, in the same order for
+every method, so that methods pair by replication (the same data went to each); the metric is the rejection rate:
 
 - ``type1_shifts`` / ``type1_monotone`` / ``type1_real`` on data independent within every client (shared
   location-scale shifts; non-linear monotone marginal maps with unequal client sizes; diabetes split by age
@@ -14,7 +15,14 @@ replication (the same data went to each); the metric is the rejection rate:
   clients), ``power_monotone``, ``power_real`` (bmi against progression in the diabetes clients);
 - the permutation null (``fedit_perm``) on its own shared-shifts replications;
 - the private arms on larger clients (n = ``dp_n``, random features): ``type1_error`` and ``power``, with
-  ``fedit_large`` the same test without privacy, every arm on the same clients in each replication.
+  ``fedit_large`` the same test without privacy, every arm on the same clients in each replication (the
+  power curve over epsilon);
+- the validity panel with many small clients, shared shifts: ``type1_20x8`` (20 clients of 8 rows),
+  ``type1_50x6`` and ``type1_mixed`` (``data.MIXED_SIZES``), for the proposed test, the same test with the
+  asymptotic null moments (``fedit_asymptotic``), Fisher and Stouffer;
+- full mode only, ``min_size_reps > 0``: the level of the exact-moment gamma null by client size n (arms
+  ``gamma_n4``, ...) and number of clients (metrics ``K1``, ``K2``, ...), computed with the core functions
+  (clients of 4 rows are refused by the test itself); a rate per seed, no per-unit values.
 
 The card's checks pool the replications of all seeds (a type-I error claim is a Clopper-Pearson bound on the
 rejections of one scenario; a power comparison is the Agresti–Min interval for matched pairs over paired replications).
@@ -22,10 +30,10 @@ rejections of one scenario; a power comparison is the Agresti–Min interval for
 Example:
     >>> import dataclasses
     >>> from icml26.fedit.experiment import PRESETS, run
-    >>> cfg = dataclasses.replace(PRESETS["smoke"], h0_reps=3, h1_reps=2, perm_reps=2, dp_reps=2)
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], h0_reps=3, h1_reps=2, perm_reps=2, dp_reps=2, small_reps=2)
     >>> out = run(cfg)
     >>> sorted(out.metrics)[:3], out.units["replications"]["fedit"]["type1_shifts"]  # 1 = rejected at 0.05
-    (['copula_pooled', 'fedit', 'fedit_dp_eps1'], [0.0, 1.0, 0.0])
+    (['copula_pooled', 'fedit', 'fedit_asymptotic'], [0.0, 1.0, 0.0])
 """
 
 from __future__ import annotations
@@ -40,8 +48,9 @@ import numpy as np
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
-from .baselines import BASELINES, fisher_combination, local_pvalues, stouffer_combination
-from .data import diabetes_clients, monotone_shifts, shared_shifts, sign_flips
+from .baselines import BASELINES, fisher_combination, local_pvalues, stacked_asymptotic, stouffer_combination
+from .core import aggregate, client_statistics, copula_transform, uniform_median_bandwidth
+from .data import MIXED_SIZES, diabetes_clients, monotone_shifts, shared_shifts, sign_flips
 from .test import DP, FederatedIndependenceTest
 
 ALPHA = 0.05
@@ -53,9 +62,9 @@ class Config:
 
     seed: int = 0
     """seed of every replication's data and of the tests' randomness"""
-    h0_reps: int = 150
+    h0_reps: int = 120
     """replications of each independent (H0) scenario"""
-    h1_reps: int = 80
+    h1_reps: int = 60
     """replications of each dependent (H1) scenario"""
     perm_reps: int = 40
     """replications for the permutation-null version (B permutations each)"""
@@ -69,19 +78,27 @@ class Config:
     """correlation of the latent Gaussians in the monotone-shift scenario"""
     dp_n: int = 1000
     """client size of the privacy experiment"""
-    dp_reps: int = 50
+    dp_reps: int = 60
     """replications per hypothesis of the privacy arms (each replication's clients go to every arm)"""
-    dp_epsilons: tuple[float, ...] = (8.0, 1.0)
-    """privacy budgets (delta = 1e-5)"""
+    dp_epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    """privacy budgets of the power curve (delta = 1e-5)"""
     random_features: int = 64
     """random Fourier features of the large-client (privacy) arms"""
+    small_reps: int = 150
+    """replications of each small-client H0 scenario (20 x 8, 50 x 6, mixed sizes)"""
+    min_size_reps: int = 0
+    """replications per (client size, number of clients) cell of the minimum-size table (0: skipped)"""
+    min_size_n: tuple[int, ...] = (4, 5, 6, 8)
+    """client sizes of the minimum-size table"""
+    min_size_k: tuple[int, ...] = (1, 2, 5, 20)
+    """numbers of clients of the minimum-size table"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(h0_reps=10, h1_reps=6, perm_reps=3, n_permutations=50, dp_reps=3),
+    "smoke": Config(h0_reps=10, h1_reps=6, perm_reps=3, n_permutations=50, dp_reps=3, small_reps=5),
     "quick": Config(),
-    "full": Config(h0_reps=300, h1_reps=150, perm_reps=100, n_permutations=300, dp_reps=60,
-                   dp_epsilons=(8.0, 2.0, 1.0)),
+    "full": Config(h0_reps=300, h1_reps=150, perm_reps=100, n_permutations=300, dp_reps=200, small_reps=400,
+                   min_size_reps=1000),
 }
 
 H0 = {"type1_shifts": lambda rng, cfg: shared_shifts(rng, dep=0.0),
@@ -91,6 +108,10 @@ H1 = {"power_sine": lambda rng, cfg: shared_shifts(rng, dep=cfg.dep_sine),
       "power_flip": lambda rng, cfg: sign_flips(rng, dep=cfg.dep_flip),
       "power_monotone": lambda rng, cfg: monotone_shifts(rng, dep=cfg.dep_monotone),
       "power_real": lambda rng, cfg: diabetes_clients(rng, null=False)}
+SMALL = {"type1_20x8": lambda rng: shared_shifts(rng, K=20, n=8),
+         "type1_50x6": lambda rng: shared_shifts(rng, K=50, n=6),
+         "type1_mixed": lambda rng: shared_shifts(rng, sizes=MIXED_SIZES)}
+SMALL_ARMS = ("fedit", "fedit_asymptotic", "fisher", "stouffer")
 
 
 def _methods(seed: int) -> dict[str, Callable[[list], float]]:
@@ -105,6 +126,18 @@ def _pvalues(methods: dict[str, Callable[[list], float]], clients: list) -> dict
     local = local_pvalues(clients)
     shared = {"fisher": lambda c: fisher_combination(local), "stouffer": lambda c: stouffer_combination(local)}
     return {name: shared.get(name, test)(clients) for name, test in methods.items()}
+
+
+def min_size_level(rng: np.random.Generator, n: int, K: int, reps: int) -> float:
+    """Rejection rate at alpha of the exact-moment gamma null for K independent clients of n rows under H0
+    (the core functions the clients and the server run, without the test's minimum-size check)."""
+    b = uniform_median_bandwidth(1)
+    rejections = 0
+    for _ in range(reps):
+        stats = [client_statistics(copula_transform(rng.normal(size=n)), copula_transform(rng.normal(size=n)), b, b)
+                 for _ in range(K)]
+        rejections += aggregate(stats).pvalue < ALPHA
+    return rejections / reps
 
 
 def run(cfg: Config) -> SeedRun:
@@ -136,19 +169,50 @@ def run(cfg: Config) -> SeedRun:
     arms.update({f"fedit_dp_eps{eps:g}": DP(eps) for eps in cfg.dp_epsilons})
     for arm in arms:
         reject[arm] = {"type1_error": [], "power": []}
-    for metric, dep in (("type1_error", 0.0), ("power", cfg.dep_sine)):
+    for metric, dep in progress((("type1_error", 0.0), ("power", cfg.dep_sine)), desc=f"fedit privacy seed {cfg.seed}"):
         for r in range(cfg.dp_reps):
             clients = shared_shifts(rng, n=cfg.dp_n, dep=dep)
             for arm, privacy in arms.items():
                 test = FederatedIndependenceTest(random_features=cfg.random_features, privacy=privacy,
                                                  random_state=2000 * cfg.seed + r)
                 reject[arm][metric].append(float(test.fit(clients).pvalue_ < ALPHA))
-    return SeedRun({}, units={"replications": reject})
+
+    # the validity panel with many small clients (independent within every client, shared shifts)
+    small = {"fedit": methods["fedit"], "fedit_asymptotic": stacked_asymptotic}
+    reject["fedit_asymptotic"] = {}
+    for metric, generate in progress(list(SMALL.items()), desc=f"fedit small clients seed {cfg.seed}"):
+        for arm in SMALL_ARMS:
+            reject[arm][metric] = []
+        for _ in range(cfg.small_reps):
+            clients = generate(rng)
+            local = local_pvalues(clients)
+            pvalues = {name: test(clients) for name, test in small.items()}
+            pvalues.update(fisher=fisher_combination(local), stouffer=stouffer_combination(local))
+            for arm in SMALL_ARMS:
+                reject[arm][metric].append(float(pvalues[arm] < ALPHA))
+
+    metrics: dict[str, dict[str, float]] = {}
+    if cfg.min_size_reps:
+        for n in progress(cfg.min_size_n, desc="fedit minimum client size"):
+            metrics[f"gamma_n{n}"] = {f"K{K}": min_size_level(rng, n, K, cfg.min_size_reps) for K in cfg.min_size_k}
+    return SeedRun(metrics, units={"replications": reject})
+
+
+def _rate_and_ci(values: list[list[float]]) -> tuple[float, float, float]:
+    """Pooled rejection rate and its two-sided 95 % Clopper-Pearson interval."""
+    from scipy.stats import binomtest
+
+    flat = [v for seed in values for v in seed]
+    k, n = round(sum(flat)), len(flat)
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return k / n, ci.low, ci.high
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Level (H0 scenarios) and power (H1 scenarios) per method, mean over seeds, with alpha marked."""
+    """Level and power per method (with alpha marked); the small-client validity panel; the private power curve."""
     arms = result["arms"]
+    mode = result["mode"]
+    paths = []
     names = [a for a in arms if "type1_shifts" in arms[a] and "power_flip" in arms[a]]
     fig, axes = new_figure(1, 2, figsize=(11, 3.8))
     for ax, metrics, title in ((axes[0], list(H0), "type-I error (independent within clients)"),
@@ -162,4 +226,45 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
         ax.set_ylim(0, 1.05)
     axes[0].axhline(ALPHA, color="k", lw=0.8, ls=":")
     axes[1].legend(fontsize=7)
-    return [save_figure(fig, out_dir / f"{result['mode']}_level_and_power.png")]
+    paths.append(save_figure(fig, out_dir / f"{mode}_level_and_power.png"))
+
+    # validity panel: pooled type-I error with 95 % Clopper-Pearson intervals
+    fig, ax = new_figure(figsize=(7.5, 3.6))
+    metrics = list(SMALL)
+    width = 0.8 / len(SMALL_ARMS)
+    for i, arm in enumerate(SMALL_ARMS):
+        rates = [_rate_and_ci(arms[arm][m]["unit_values"]) for m in metrics]
+        x = np.arange(len(metrics)) + i * width
+        ax.bar(x, [r[0] for r in rates], width, label=arm)
+        ax.errorbar(x, [r[0] for r in rates], yerr=[[r[0] - r[1] for r in rates], [r[2] - r[0] for r in rates]],
+                    fmt="none", color="k", lw=0.8)
+    ax.axhline(ALPHA, color="k", lw=0.8, ls=":")
+    ax.axhline(ALPHA + 0.02, color="r", lw=0.8, ls="--", label="alpha + 0.02")
+    ax.set_xticks(np.arange(len(metrics)) + 0.4 - width / 2)
+    ax.set_xticklabels(["20 x 8", "50 x 6", "mixed sizes"])
+    ax.set_ylabel("type-I error (alpha = 0.05)")
+    ax.set_title("many small clients, independent within every client")
+    ax.legend(fontsize=7)
+    paths.append(save_figure(fig, out_dir / f"{mode}_small_clients.png"))
+
+    # the private power curve over epsilon, beside the non-private test on the same clients
+    eps_arms = sorted((float(a.removeprefix("fedit_dp_eps")), a) for a in arms if a.startswith("fedit_dp_eps"))
+    if eps_arms:
+        fig, axes = new_figure(1, 2, figsize=(10, 3.6))
+        for ax, metric, title in ((axes[0], "power", "power (sine dependence, n = 1000 per client)"),
+                                  (axes[1], "type1_error", "type-I error")):
+            rates = [_rate_and_ci(arms[a][metric]["unit_values"]) for _, a in eps_arms]
+            eps = [e for e, _ in eps_arms]
+            ax.errorbar(eps, [r[0] for r in rates], yerr=[[r[0] - r[1] for r in rates], [r[2] - r[0] for r in rates]],
+                        marker="o", capsize=3, label="private (sqrt(R_k) + noise)")
+            ref = _rate_and_ci(arms["fedit_large"][metric]["unit_values"])[0]
+            ax.axhline(ref, color="g", ls="--", lw=1, label="non-private, same clients")
+            if metric == "type1_error":
+                ax.axhline(ALPHA, color="k", lw=0.8, ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("epsilon (delta = 1e-5)")
+            ax.set_title(title)
+            ax.set_ylim(0, 1.05)
+        axes[0].legend(fontsize=7)
+        paths.append(save_figure(fig, out_dir / f"{mode}_private_power.png"))
+    return paths
