@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import numpy as np
 import torch
@@ -27,17 +25,8 @@ from icml26.coca.data import World
 from icml26.coca.experiment import PRESETS, alignment_data, base_model
 from icml26.coca.intervention import ErasureHook, LoFiTIntervention, LoReFTIntervention, decision_states
 from icml26.coca.probes import fit_leace
-from icml26.common.bench import bench_row, write_bench
+from icml26.common.bench import bench_row, median_ms, write_bench
 from icml26.common.tiny_lm import completion_batch, completion_logps, generate
-
-
-def _ms(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -61,19 +50,19 @@ def main() -> None:
         base(**inputs)
 
     rows = []
-    plain = _ms(forward, args.rounds)
+    plain = median_ms(forward, args.rounds)
     reft = LoReFTIntervention(base, list(range(cfg.layers)), rank=cfg.rank)
-    t_reft = _ms(forward, args.rounds)
+    t_reft = median_ms(forward, args.rounds)
     reft.detach()
     lofit = LoFiTIntervention(base, [(0, 0), (1, 1), (2, 2), (2, 3)])
-    t_lofit = _ms(forward, args.rounds)
+    t_lofit = median_ms(forward, args.rounds)
     lofit.detach()
     X = decision_states(base, tok, prompts[:400], cfg.probe_layer).double()
     eraser = fit_leace(X.numpy(), np.arange(400) % 2)
     hook = ErasureHook(base, cfg.probe_layer, lambda x: eraser(x.double()), positions="all")
-    t_erase = _ms(forward, args.rounds)
+    t_erase = median_ms(forward, args.rounds)
     hook.detach()
-    plain2 = _ms(forward, args.rounds)
+    plain2 = median_ms(forward, args.rounds)
     plain = min(plain, plain2)
     rows += [bench_row("forward with LoReFT (rank 4, 3 layers)", "plain forward", t_reft, plain, unit="ms"),
              bench_row("forward with LoFiT (4 heads)", "plain forward", t_lofit, plain, unit="ms"),
@@ -90,7 +79,7 @@ def main() -> None:
             loss.backward()
             opt.step()
 
-        t_reft_step = _ms(reft_step, args.rounds)
+        t_reft_step = median_ms(reft_step, args.rounds)
     ft = copy.deepcopy(base).train()
     for p in ft.parameters():
         p.requires_grad_(True)
@@ -103,15 +92,15 @@ def main() -> None:
         loss.backward()
         ft_opt.step()
 
-    t_ft_step = _ms(ft_step, args.rounds)
+    t_ft_step = median_ms(ft_step, args.rounds)
     rows.append(bench_row("LoReFT training step (base frozen)", "full fine-tuning step", t_reft_step, t_ft_step,
                           unit="ms"))
 
     gen_prompts = [prompts[i] for i in idx]
-    plain_gen = _ms(lambda: generate(base, tok, gen_prompts, max_new_tokens=cfg.max_new_tokens),
+    plain_gen = median_ms(lambda: generate(base, tok, gen_prompts, max_new_tokens=cfg.max_new_tokens),
                     max(args.rounds // 4, 3))
     with LoReFTIntervention(base, list(range(cfg.layers)), rank=cfg.rank):
-        reft_gen = _ms(lambda: generate(base, tok, gen_prompts, max_new_tokens=cfg.max_new_tokens),
+        reft_gen = median_ms(lambda: generate(base, tok, gen_prompts, max_new_tokens=cfg.max_new_tokens),
                        max(args.rounds // 4, 3))
     rows.append(bench_row("greedy generation with LoReFT", "plain generation", reft_gen, plain_gen, unit="ms"))
     for r in rows:

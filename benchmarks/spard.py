@@ -13,25 +13,14 @@ Writes ``results/spard/bench.json``. Run: ``.venv/bin/python benchmarks/spard.py
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
-from icml26.common.bench import bench_row, write_bench
+from icml26.common.bench import bench_row, median_ms, write_bench
 from icml26.common.repro import set_threads
 from icml26.spard.core import greedy_dpp_map, relevance_diversity_kernel
 from icml26.spard.reference import naive_greedy_dpp
 from icml26.spard.selection import RelevanceDiversityDPPSelector
-
-
-def _time(fn, rounds: int) -> float:
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(out)
 
 
 def main() -> None:
@@ -50,11 +39,11 @@ def main() -> None:
         ref = rng.normal(size=(n, args.dim))
         k = int(0.03 * len(ref))
         L, _ = relevance_diversity_kernel(cand, ref, 4.0)
-        fast = _time(lambda L=L, k=k: greedy_dpp_map(L, k), args.rounds)
-        whole = _time(lambda ref=ref, cand=cand: RelevanceDiversityDPPSelector(ratio=0.03).fit(ref).select(cand),
+        fast = median_ms(lambda L=L, k=k: greedy_dpp_map(L, k), args.rounds)
+        whole = median_ms(lambda ref=ref, cand=cand: RelevanceDiversityDPPSelector(ratio=0.03).fit(ref).select(cand),
                       args.rounds)
         if n <= args.naive_max:
-            naive = _time(lambda L=L, k=k: naive_greedy_dpp(L, k), 1)
+            naive = median_ms(lambda L=L, k=k: naive_greedy_dpp(L, k), 1)
             assert greedy_dpp_map(L, k).tolist() == naive_greedy_dpp(L, k)
             rows.append(bench_row(f"greedy MAP, incremental Cholesky (pool {n}, k {k})",
                                   "naive greedy recomputing det L_{S+i}", fast, naive, unit="ms", pool=n, k=k))

@@ -15,25 +15,14 @@ Run: ``.venv/bin/python benchmarks/unsafe_moe.py``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
-from icml26.common.bench import bench_row, write_bench
+from icml26.common.bench import bench_row, median_ms, write_bench
 from icml26.unsafe_moe import RouterController
 from icml26.unsafe_moe.attack import _phi, encode, random_subsets, target_logprob
 from icml26.unsafe_moe.experiment import EVAL_PREFIXES, HARMFUL, PRESETS, TARGET, aligned_model, prompts
-
-
-def _ms(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -53,13 +42,13 @@ def main() -> None:
     def forward() -> None:
         target_logprob(model, p_ids, t_ids)
 
-    plain = _ms(forward, args.rounds)
+    plain = median_ms(forward, args.rounds)
     with RouterController(model) as rc:
-        idle = _ms(forward, args.rounds)
+        idle = median_ms(forward, args.rounds)
         rng = np.random.default_rng(0)
         for layer in rc.layers:
             rc.set_phi(layer, _phi(random_subsets(rng, len(p_ids), 8, 2), 8))
-        forced = _ms(forward, args.rounds)
+        forced = median_ms(forward, args.rounds)
         rc.clear()
         cands = random_subsets(rng, n, 8, 2)
 
@@ -78,7 +67,7 @@ def main() -> None:
             return out
 
         torch.testing.assert_close(one_at_a_time(), batched(), atol=1e-4, rtol=1e-5)
-        sequential, together = _ms(one_at_a_time, args.rounds), _ms(batched, args.rounds)
+        sequential, together = median_ms(one_at_a_time, args.rounds), median_ms(batched, args.rounds)
     print("| measurement | ms (wall) | ratio |")
     print("|---|---|---|")
     print(f"| forward, no controller | {plain:.2f} | 1 |")

@@ -191,3 +191,13 @@ def test_check_fails_on_a_benchmark_from_a_dirty_tree(tree):
     outcome = update(root, papers=[demo], check=True)
     assert any("dirty tree (uncommitted: benchmarks/demo.py)" in p and "benchmarks/demo.py from a clean" in p
                for p in outcome.problems), outcome.problems
+
+
+def test_median_ms_calls_each_round_and_refuses_no_rounds():
+    from icml26.common.bench import median_ms
+
+    calls = []
+    assert median_ms(lambda: calls.append(1), 5) >= 0.0
+    assert len(calls) == 5
+    with pytest.raises(ValueError, match="rounds"):
+        median_ms(lambda: None, 0)

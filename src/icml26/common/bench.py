@@ -27,13 +27,31 @@ import datetime as _dt
 import json
 import math
 import os
+import statistics
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .io import atomic_write_text
 from .repro import environment
+
+
+def median_ms(fn: Callable[[], Any], rounds: int) -> float:
+    """Median wall time of ``rounds`` calls of ``fn``, in milliseconds.
+
+    Raises:
+        ValueError: ``rounds`` is below 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
 
 
 def bench_row(name: str, baseline: str, method_value: float, baseline_value: float, *, unit: str = "ms",
