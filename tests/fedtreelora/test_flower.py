@@ -16,14 +16,14 @@ pytest.importorskip("flwr")
 pytest.importorskip("transformers")
 
 from flwr.app import ArrayRecord, Context, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.serverapp import Grid
 
 from icml26.common.federation import FailurePolicy, run_in_process
 from icml26.fedtreelora import flower as app
 from icml26.fedtreelora.baselines import FedSALoRA, FixedDepthLoRA, FlatClusterLoRA, OracleClusterLoRA
 from icml26.fedtreelora.core import FedTreeLoRA, layer_index
 from icml26.fedtreelora.data import World, make_clients
+
+from ..flower_grid import InlineGrid
 
 
 def _app_config() -> dict:
@@ -138,44 +138,6 @@ def task_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
     yield
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before
-
-
-class InlineGrid(Grid):
-    """A ``Grid`` that hands each message to the ``ClientApp`` of its node in this process, both ways through
-    Flower's wire format (protobuf), and returns the replies in reverse order. Node ``100 + k`` is client ``k``
-    (its ``partition-id``, with its own ``Context.state``)."""
-
-    def __init__(self, client_app, n_clients, run_config):
-        self.client_app = client_app
-        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, state=RecordDict(), run_config=run_config,
-                                          node_config={"partition-id": k, "num-partitions": n_clients})
-                         for k in range(n_clients)}
-
-    def set_run(self, run):
-        raise NotImplementedError
-
-    @property
-    def run(self):
-        raise NotImplementedError
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            reply = self.client_app(message_from_proto(message_to_proto(msg)), self.contexts[msg.metadata.dst_node_id])
-            replies.append(message_from_proto(message_to_proto(reply)))
-        return replies[::-1]
 
 
 def test_the_apps_exchange_flower_messages_bit_identical_to_in_process(lab, task_identity, tmp_path):

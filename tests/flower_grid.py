@@ -1,0 +1,53 @@
+"""A Flower ``Grid`` that runs the ``ClientApp`` in this process: the server app's fast path in tests."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.serverapp import Grid
+
+
+class InlineGrid(Grid):
+    """A ``Grid`` that hands each message to the ``ClientApp`` of its node in this process, both ways through
+    Flower's wire format (protobuf), and returns the replies in reverse order. Node ``100 + k`` is client ``k``
+    (its ``partition-id``, with its own ``Context.state``); ``silent[call]`` lists the clients whose reply never
+    comes in that ``send_and_receive`` call (call 0: the harness's hello, then one call per round)."""
+
+    def __init__(self, client_app, n_clients, run_config, silent=None):
+        self.client_app, self.silent, self.calls = client_app, silent or {}, 0
+        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, state=RecordDict(), run_config=run_config,
+                                          node_config={"partition-id": k, "num-partitions": n_clients})
+                         for k in range(n_clients)}
+
+    def set_run(self, run):
+        raise NotImplementedError
+
+    @property
+    def run(self):
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        call, self.calls = self.calls, self.calls + 1
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            reply = self.client_app(message_from_proto(message_to_proto(msg)), self.contexts[node])
+            if node - 100 not in self.silent.get(call, ()):
+                replies.append(message_from_proto(message_to_proto(reply)))
+        return replies[::-1]
