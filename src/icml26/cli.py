@@ -78,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     air_sub = p_air.add_subparsers(dest="air_command", required=True, metavar="ACTION")
     p_check = air_sub.add_parser("check", help="parse and validate rule files; report file:line:column: problem")
     p_check.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p_check.add_argument("--semantic", action="store_true",
+                         help="a semantic(...) backend will be configured (else such checks are reported)")
     p_proxy = air_sub.add_parser("proxy", help="an MCP server enforcing AIR rules in front of another MCP server: "
                                  "icml26 air proxy --rules FILE -- COMMAND ARGS...")
     p_proxy.add_argument("--rules", type=Path, required=True, help="AIR rule file")
     p_proxy.add_argument("--task", default="", help="the user's task, for context rules")
     p_proxy.add_argument("--log", type=Path, default=None, help="append incidents as JSON lines here")
+    p_proxy.add_argument("--llm-endpoint", default=None,
+                         help="OpenAI-compatible base URL for semantic(...) checks (default: $ICML26_LLM_ENDPOINT)")
+    p_proxy.add_argument("--llm-model", default=None, help="model name (default: $ICML26_LLM_MODEL)")
+    p_proxy.add_argument("--llm-timeout", type=float, default=None,
+                         help="seconds per LLM call (default: $ICML26_LLM_TIMEOUT or 30)")
     p_proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... of the upstream server")
     return parser
 
@@ -290,19 +297,34 @@ def _cmd_air(args: argparse.Namespace) -> int:
         except MissingExtraError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return air_mcp.main(str(args.rules), command, args.task, str(args.log) if args.log else None)
+        from .air.llm import client_from_config
+
+        try:
+            llm = client_from_config(args.llm_endpoint, args.llm_model, args.llm_timeout)
+            return air_mcp.main(str(args.rules), command, args.task, str(args.log) if args.log else None, llm=llm)
+        except (ValueError, air.RuleSyntaxError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    from .air.dsl import RuleSchema, read_rule_text
+
     problems = 0
     for path in args.files:
         if not path.is_file():
             print(f"{path}: no such file", file=sys.stderr)
             problems += 1
             continue
-        diagnostics = air.lint(path.read_text(), file=str(path))
+        try:
+            text = read_rule_text(path)
+        except air.RuleSyntaxError as exc:
+            print(exc)
+            problems += 1
+            continue
+        diagnostics = air.lint(text, file=str(path), schema=RuleSchema(semantic=args.semantic))
         for d in diagnostics:
             print(d)
         problems += len(diagnostics)
         if not diagnostics:
-            print(f"{path}: ok ({len(air.parse(path.read_text(), file=str(path)))} rules)")
+            print(f"{path}: ok ({len(air.parse(text, file=str(path)))} rules)")
     return 1 if problems else 0
 
 

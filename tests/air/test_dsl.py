@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 pytest.importorskip("lark")
 
 from icml26.air import RuleSyntaxError, builtin_rules, lint, parse, predicate
-from icml26.air.dsl import MISSING, Cond, Evaluator, Lit, Path_, resolve
+from icml26.air.dsl import MISSING, CheckError, Cond, Evaluator, Lit, Path_, resolve
 
 BUILTIN = ["shell", "email", "household", "prevent_shell", "prevent_email", "prevent_household"]
 
@@ -92,7 +92,8 @@ def test_evaluation_semantics():
     assert not ev(Cond("compare", (Path_("call", ("args", "path")), Lit(3)), "<"), env)  # type error: False
     assert ev.errors and "cannot compare" in ev.errors[-1]
     sem = parse('rule s on finish detect : semantic("is it bad", call.args.path) end')[0].detect[0]
-    assert not ev(sem, env) and "no semantic backend" in ev.errors[-1]
+    with pytest.raises(CheckError, match="no semantic backend"):      # undecidable: the caller's fail policy
+        ev(sem, env)
     asked = []
     assert Evaluator(semantic=lambda q, a, e: asked.append((q, a)) or True)(sem, env)
     assert asked == [("is it bad", ["/a/b"])]

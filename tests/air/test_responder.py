@@ -135,7 +135,7 @@ def test_semantic_checks_fail_closed_on_llm_garbage():
     air.begin("task")
     call = ToolCall("t", {"x": 1})
     assert air.after_action(call, "ok").kind == "block"          # never a silent allow
-    assert "expected YES or NO" in air.semantic_failures[0]
+    assert "expected YES or NO" in air.check_errors[0]
     ok = IncidentResponder(rules, DictState(lambda: state), semantic=LLMSemantic(FakeLLM(["NO"])))
     ok.begin("task")
     assert ok.after_action(call, "ok").kind == "allow"

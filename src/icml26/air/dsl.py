@@ -20,7 +20,7 @@ A rule file holds rules and predicate definitions::
     end
 
 Grammar (abridged): ``rule NAME meta* on trigger [when cond] detect [contain] [recover] [eradicate] end``;
-meta = ``severity low|medium|high|critical | priority INT | tags [a, b]``; trigger = ``PHASE[(tool|glob*)]`` joined
+meta = ``severity low|medium|high|critical | priority INT | tags [a, b] | fail closed|open``; trigger = ``PHASE[(tool|glob*)]`` joined
 by ``|`` with PHASE in before_step, before_action, after_action, state_change, finish; detect = ``: cond`` lines
 (a conjunction) with ``confirm by llm|user|rule_only``; contain/recover = ``- action`` lines, an action being an
 enforcement keyword (block, stop, skip, ask_user, self_reflect, quarantine_tool, snapshot, alert), a tool call
@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -62,6 +63,7 @@ rule_def: "rule" NAME meta* "on" trigger when? detect contain? recover? eradicat
 meta: "severity" SEVERITY        -> severity
     | "priority" SIGNED_INT      -> priority
     | "tags" "[" [NAME ("," NAME)*] "]" -> tags
+    | "fail" FAILMODE                -> fail
 trigger: event ("|" event)*
 event: PHASE ["(" GLOB ("|" GLOB)* ")"]
 when: "when" cond
@@ -106,6 +108,7 @@ literal: STRING -> string
        | "null" -> null
 
 SEVERITY: "low" | "medium" | "high" | "critical"
+FAILMODE: "closed" | "open"
 PHASE.2: "before_step" | "before_action" | "after_action" | "state_change" | "finish"
 CONFIRMER: "llm" | "user" | "rule_only"
 ENFORCEMENT.2: "block" | "stop" | "skip" | "ask_user" | "self_reflect" | "quarantine_tool" | "snapshot" | "alert"
@@ -121,6 +124,10 @@ STRING: /"(?:[^"\\\n]|\\.)*"/
 COMMENT: /#[^\n]*/
 %ignore COMMENT
 """
+
+
+class CheckError(RuntimeError):
+    """A check that cannot be decided (no semantic backend, an LLM that fails or answers neither yes nor no)."""
 
 
 class RuleSyntaxError(ValueError):
@@ -213,6 +220,7 @@ class Rule:
     verify: Cond | None = None
     eradicate: Eradicate | None = None
     provenance: str = "developer"
+    fail: str = "closed"            # a check that errs (LLM timeout, unknown answer, time budget): closed fires
     line: int = field(default=0, compare=False)
 
     def fires_on(self, phase: str, tool: str | None) -> bool:
@@ -292,6 +300,91 @@ def registered_predicates() -> dict[str, Callable[..., bool]]:
     return dict(_PREDICATES)
 
 
+# ------------------------------------------------------------------------------------------------- limits
+MAX_TEXT_CHARS = 1_000_000      # a rule file larger than this is refused (rule files are hand-written)
+MAX_NESTING = 32                # brackets and parentheses nested deeper than this are refused
+MAX_TREE_DEPTH = 200            # conditions nested deeper (``not not ...`` chains included) are refused
+MAX_REGEX_CHARS = 2_000         # a ``matches`` pattern longer than this is refused
+
+
+def compile_regex(pattern: str) -> Any:
+    """Compile ``pattern`` with RE2, a linear-time engine: no backtracking, so no rule can hang a hook.
+
+    RE2 refuses backreferences and look-around; ``\\w``, ``\\d`` and ``\\b`` are ASCII. Compiled patterns are cached.
+
+    Raises:
+        ValueError: the pattern is too long or RE2 cannot compile it (the message says why).
+
+    Example:
+        >>> compile_regex(r"^(a+)+$").search("a" * 10_000 + "b") is None
+        True
+    """
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    if len(pattern) > MAX_REGEX_CHARS:
+        raise ValueError(f"regular expression longer than {MAX_REGEX_CHARS} characters")
+    return _compile_re2(pattern)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_re2(pattern: str) -> Any:
+    from ..common.optional import requires
+
+    re2 = requires("re2", extra="agents", purpose="linear-time regular expressions in AIR rules")
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"not supported by the linear-time regex engine (RE2): {detail}") from None
+
+
+def _check_limits(text: str, file: str) -> None:
+    """Size and bracket-nesting limits, checked before parsing (positioned errors, no RecursionError)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise RuleSyntaxError(f"rule text of {len(text)} characters exceeds the limit of {MAX_TEXT_CHARS}",
+                              file=file, line=1, column=1)
+    depth, line, col, in_str, esc, comment = 0, 1, 0, False, False, False
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col, comment, in_str = line + 1, 0, False, False
+            continue
+        if comment:
+            continue
+        if in_str:
+            esc = not esc and ch == "\\"
+            if ch == '"' and not esc:
+                in_str = False
+            continue
+        if ch == '"':
+            in_str, esc = True, False
+        elif ch == "#":
+            comment = True
+        elif ch in "([":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise RuleSyntaxError(f"brackets nested deeper than {MAX_NESTING} levels", file=file, line=line,
+                                      column=col)
+        elif ch in ")]":
+            depth = max(depth - 1, 0)
+
+
+def _check_depth(tree: Any, file: str) -> None:
+    """The parse tree's depth, measured without recursion (``not not ...`` chains are deep without brackets)."""
+    from lark import Tree
+
+    stack = [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > MAX_TREE_DEPTH:
+            meta = getattr(node, "meta", None)
+            raise RuleSyntaxError(f"conditions nested deeper than {MAX_TREE_DEPTH} levels", file=file,
+                                  line=getattr(meta, "line", 0), column=getattr(meta, "column", 0))
+        stack += [(c, d + 1) for c in node.children if isinstance(c, Tree)]
+
+
 # ------------------------------------------------------------------------------------------------- parsing
 _PARSER = None
 
@@ -346,10 +439,10 @@ def _build(tree: Any, file: str) -> RuleSet:
         if d == "matches":
             pattern = _unquote(str(t.children[1]))
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                compile_regex(pattern)
+            except ValueError as exc:
                 tok = t.children[1]
-                raise RuleSyntaxError(f"bad regular expression {pattern!r}: {exc}", file=file, line=tok.line,
+                raise RuleSyntaxError(f"bad regular expression {pattern[:80]!r}: {exc}", file=file, line=tok.line,
                                       column=tok.column) from None
             return Cond("matches", (expr(t.children[0]), Lit(pattern)))
         if d == "in_":
@@ -389,6 +482,8 @@ def _build(tree: Any, file: str) -> RuleSet:
                 kw["priority"] = int(part.children[0])
             elif d == "tags":
                 tags += [str(c) for c in part.children if c is not None]
+            elif d == "fail":
+                kw["fail"] = str(part.children[0])
             elif d == "trigger":
                 kw["triggers"] = tuple(Trigger(str(e.children[0]), tuple(str(g) for g in e.children[1:] if g is not None))
                                        for e in part.children)
@@ -443,6 +538,7 @@ def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+    _check_limits(text, file)
     try:
         tree = _parser().parse(text)
     except UnexpectedToken as exc:
@@ -458,7 +554,11 @@ def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
     except UnexpectedInput as exc:  # pragma: no cover - other lark errors
         raise RuleSyntaxError(str(exc), file=file, line=getattr(exc, "line", 0),
                               column=getattr(exc, "column", 0)) from None
-    rules = _build(tree, file)
+    _check_depth(tree, file)
+    try:
+        rules = _build(tree, file)
+    except RecursionError:  # pragma: no cover - the depth limits above come first
+        raise RuleSyntaxError("rule nested too deeply", file=file, line=1, column=1) from None
     if check:
         problems = _semantic_errors(rules)
         if problems:
@@ -467,10 +567,53 @@ def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
     return rules
 
 
-def load(path: str | Path) -> RuleSet:
-    """Parse a rule file."""
+def read_rule_text(path: str | Path) -> str:
+    """A rule file's text; a file that is not UTF-8 (or too large) raises a positioned :class:`RuleSyntaxError`."""
     p = Path(path)
-    return parse(p.read_text(), file=str(p))
+    with open(p, "rb") as f:
+        data = f.read(MAX_TEXT_CHARS * 4 + 1)
+    if len(data) > MAX_TEXT_CHARS * 4:
+        raise RuleSyntaxError(f"rule file larger than {MAX_TEXT_CHARS * 4} bytes", file=str(p), line=1, column=1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        head = data[:exc.start]
+        line = head.count(b"\n") + 1
+        column = exc.start - (head.rfind(b"\n") + 1) + 1
+        raise RuleSyntaxError(f"not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded", file=str(p), line=line,
+                              column=column) from None
+
+
+def load(path: str | Path, **kwargs: Any) -> RuleSet:
+    """Parse a rule file (keyword arguments go to :func:`parse`)."""
+    return parse(read_rule_text(path), file=str(path), **kwargs)
+
+
+# the fields the runtime binds under each root (``state`` is the environment's own shape: see RuleSchema)
+BOUND_FIELDS = {
+    "call": ("name", "args", "origin"),
+    "ctx": ("user_task", "steps", "step", "strings_from_tool_outputs", "strings_from_instructions",
+            "user_mentioned_addresses", "user_mentioned_paths"),
+    "snap": ("pre_step",),
+    "incident": ("diff", "call"),
+}
+
+
+@dataclass(frozen=True)
+class RuleSchema:
+    """What a deployment's rules may refer to, for :func:`lint`.
+
+    Args:
+        tools: tool name -> its parameter names (``call.args.X`` must name a parameter of a triggering tool).
+        state: an example state view; dotted paths under ``state`` must follow its keys while they are mappings.
+        recovery_tools: the tools recovery may call (a tool's declared inverse operations); None: not checked.
+        semantic: whether a ``semantic(...)`` backend is configured (without one such checks are refused).
+    """
+
+    tools: Mapping[str, Sequence[str]] | None = None
+    state: Any = None
+    recovery_tools: frozenset[str] | None = None
+    semantic: bool = False
 
 
 @dataclass
@@ -484,13 +627,69 @@ class Diagnostic:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
 
 
-def lint(text: str, *, file: str = "<rules>") -> list[Diagnostic]:
-    """Every problem in a rule file (empty when it is fine)."""
+def lint(text: str, *, file: str = "<rules>", schema: RuleSchema | None = None) -> list[Diagnostic]:
+    """Every problem in a rule file (empty when it is fine).
+
+    Beyond :func:`parse`'s checks: paths under ``call``, ``ctx``, ``snap`` and ``incident`` must name fields the
+    runtime binds, ``semantic(...)`` needs a configured backend (``schema.semantic``), and with a ``schema`` the
+    tool arguments, state paths and recovery tools are checked against it.
+
+    Example:
+        >>> [d.message for d in lint('rule r on before_action(x) detect : call.arg.to == "a" contain - block end')]
+        ["rule r: call.arg is not bound (call has: name, args, origin)"]
+    """
     try:
         rules = parse(text, file=file, check=False)
     except RuleSyntaxError as exc:
         return [Diagnostic(exc.file, exc.line, exc.column, exc.detail)]
-    return [Diagnostic(file, line, 1, m) for line, m in _semantic_errors(rules)]
+    problems = _semantic_errors(rules) + schema_errors(rules, schema or RuleSchema())
+    return [Diagnostic(file, line, 1, m) for line, m in problems]
+
+
+def schema_errors(rules: RuleSet, schema: RuleSchema) -> list[tuple[int, str]]:
+    """``(line, message)`` for references a deployment cannot satisfy (see :func:`lint`)."""
+    out: list[tuple[int, str]] = []
+    for r in rules:
+        where = f"rule {r.name}"
+        conds = [*r.detect, *([r.when] if r.when else []), *([r.verify] if r.verify else [])]
+        exprs = [v for a in (*r.contain, *r.recover) for _, v in a.kwargs]
+        tools = [g for t in r.triggers for g in t.tools]
+        known_tools = schema.tools is not None and tools and all(g in schema.tools for g in tools)
+        for node in (n for c in [*conds, *exprs] for n in _walk(c)):
+            if isinstance(node, Cond) and node.op == "semantic" and not schema.semantic:
+                out.append((r.line, f"{where}: semantic(...) needs an LLM backend and none is configured"))
+            if not isinstance(node, Path_) or not node.parts or not isinstance(node.parts[0], str):
+                continue
+            first = node.parts[0]
+            if node.root in BOUND_FIELDS and first not in BOUND_FIELDS[node.root]:
+                out.append((r.line, f"{where}: {node.root}.{first} is not bound "
+                                    f"({node.root} has: {', '.join(BOUND_FIELDS[node.root])})"))
+            elif node.root == "call" and first == "args" and known_tools and len(node.parts) > 1 and isinstance(
+                    node.parts[1], str) and not any(node.parts[1] in schema.tools[g] for g in tools):
+                out.append((r.line, f"{where}: {node.text()}: no parameter {node.parts[1]!r} in "
+                                    f"{', '.join(tools)}"))
+            elif node.root in ("state", "snap") and schema.state is not None:
+                parts = node.parts[1:] if node.root == "snap" else node.parts
+                bad = _state_path_error(schema.state, parts)
+                if bad:
+                    out.append((r.line, f"{where}: {node.text()}: {bad}"))
+        if schema.recovery_tools is not None:
+            for a in r.recover:
+                if a.kind == "tool" and a.tool not in schema.recovery_tools:
+                    out.append((r.line, f"{where}: recovery may not call {a.tool!r} (allowed: "
+                                        f"{', '.join(sorted(schema.recovery_tools)) or 'none'})"))
+    return out
+
+
+def _state_path_error(example: Any, parts: Sequence[Any]) -> str:
+    v = example
+    for p in parts:
+        if not isinstance(p, str) or not isinstance(v, Mapping):
+            return ""
+        if p not in v:
+            return f"the state has no key {p!r} here (keys: {', '.join(sorted(map(str, v))[:12])})"
+        v = v[p]
+    return ""
 
 
 def _walk(node: Any) -> Iterator[Any]:
@@ -590,7 +789,7 @@ def action_text(a: Action) -> str:
 
 def rule_text(r: Rule) -> str:
     meta = f" severity {r.severity}" + (f" priority {r.priority}" if r.priority else "") + (
-        f" tags [{', '.join(r.tags)}]" if r.tags else "")
+        f" tags [{', '.join(r.tags)}]" if r.tags else "") + (f" fail {r.fail}" if r.fail != "closed" else "")
     trig = " | ".join(t.phase + (f"({' | '.join(t.tools)})" if t.tools else "") for t in r.triggers)
     lines = [f"rule {r.name}{meta}", f"on {trig}"]
     if r.when is not None:
@@ -693,8 +892,8 @@ class Evaluator:
                 return False
         if op == "matches":
             v = resolve(c.args[0], env)
-            return v is not MISSING and re.search(c.args[1].value, v if isinstance(v, str) else json.dumps(
-                v, default=str)) is not None
+            return v is not MISSING and compile_regex(c.args[1].value).search(
+                v if isinstance(v, str) else json.dumps(v, default=str)) is not None
         if op == "in":
             a, b = resolve(c.args[0], env), resolve(c.args[1], env)
             if a is MISSING or b is MISSING:
@@ -705,8 +904,7 @@ class Evaluator:
                 return False
         if op == "semantic":
             if self.semantic is None:
-                self.errors.append("semantic(...) check with no semantic backend configured: counted as False")
-                return False
+                raise CheckError("semantic(...) check with no semantic backend configured")
             args = [resolve(a, env) for a in c.args[1:]]
             return bool(self.semantic(c.args[0].value, args, env))
         if op == "pred":

