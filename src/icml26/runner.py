@@ -15,8 +15,9 @@ stops early (an error, Ctrl-C), the seeds that finished are kept in ``<mode>.par
 ``"complete": false``, which the report never reads as a result.
 
 Example (a planned paper cannot be reproduced):
-    >>> from icml26.registry import list_papers
-    >>> planned = next(p for p in list_papers() if not p.implemented)
+    >>> import dataclasses
+    >>> from icml26.registry import get_paper
+    >>> planned = dataclasses.replace(get_paper("fedit"), status="planned")
     >>> try:
     ...     run_paper(planned, mode="smoke", out_dir="/tmp/unused")
     ... except NotImplementedPaperError as exc:

@@ -1,0 +1,516 @@
+"""Reproduction of Align-TI: distil a cached tiny VLM teacher into a smaller student on fine-grained VQA.
+
+The world (``Config`` defaults; the vision-language lab ``icml26.common.tiny_vlm``): scenes of 2 x 2 patches with
+two objects each; questions with multi-token answers ("describe patch 3" -> "red square and blue circle", five
+tokens and ``</s>``; "describe the left object in patch 3" -> "red square"; "how many red objects are there ?" ->
+"3"). The **teacher** is a lab LLaVA (4-layer Llama, width 128, eager attention) trained through the lab's stages
+on these questions and cached; the **student** is a 2-layer, width-64 lab LLaVA with the same frozen vision tower
+and the same tokenizer (so the same vocabulary), distilled from its lab stage-1 checkpoint (captions). Every arm
+starts from that checkpoint with the same batches and the same test items:
+
+- ``sft``: next-token cross-entropy only;
+- ``vanilla_kd``: SFT + forward ``KL(p_T || p_S)`` on the response tokens;
+- ``gkd``: TRL GKD semantics: generalised JSD (beta 0.5) and, with probability 0.5 per step, on the student's own
+  sampled responses (on-policy);
+- ``kd_iva``, ``kd_tpa``: vanilla KD plus one of Align-TI's terms;
+- ``align_ti``: SFT + KD + IVA + TPA (IVA's layer ``l*`` chosen by the instruction-relevance score on calibration
+  pairs: same image, different instructions);
+- ``vanilla_kd_cm``: vanilla KD given as many steps as Align-TI's training FLOPs buy (the FLOPs of one Align-TI
+  step over one KD step, counted with torch's ``FlopCounterMode``: deterministic, unlike wall-clock on a shared
+  machine; the wall-clock ratio is recorded too).
+
+Reference arms: ``teacher`` (the ceiling: the teacher on the same test items) and ``student_init`` (the student's
+stage-1 checkpoint before any stage-2 training: the trivial baseline). Each trained arm's learning rate is chosen
+from ``lr_grid`` on a validation split (lab seed, own scenes; cached), as in MoDA. Metrics per test item (paired
+by item, pooled over seeds): ``exact_match`` (the whole answer and ``</s>`` argmax-correct under teacher forcing
+= greedy decoding), ``token_accuracy``, ``agreement`` (share of answer positions where the student's argmax is the
+teacher's), and on the five-token ``describe patch`` items ``long_exact_match``; per arm ``train_s`` (wall-clock)
+and ``train_flops``.
+
+Example (the test items and the arms' objectives; ``run(PRESETS["smoke"])`` trains them):
+    >>> from icml26.align_ti.experiment import ARMS, PRESETS, build_test_set
+    >>> data = build_test_set(PRESETS["quick"], seed=0, n=4)
+    >>> [len(it.answer.split()) for it in data.items if it.family == "patch"][:1]
+    [5]
+    >>> ARMS[:3]
+    ('sft', 'vanilla_kd', 'gkd')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..common.io import atomic_write_text
+from ..common.plotting import new_figure, save_figure
+from ..common.progress import progress
+from ..common.results import SeedRun
+from ..common.tiny_vlm import (
+    IGNORE_INDEX,
+    LabRecipe,
+    SceneSpec,
+    VLMSpec,
+    cache_dir,
+    encode,
+    instruction_sampler,
+    item_for,
+    lab_vlm,
+    make_items,
+    render,
+    sample_scenes,
+    train_vlm,
+)
+from .loss import AlignTILoss, generalized_jsd, instruction_relevance_scores
+
+ARMS = ("sft", "vanilla_kd", "gkd", "kd_iva", "kd_tpa", "align_ti", "vanilla_kd_cm")
+#: version of the tuning procedure (bump when a change alters which learning rate an arm would get)
+TUNING_VERSION = 1
+
+
+@dataclass
+class Config:
+    """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
+
+    seed: int = 0
+    """seed of the stage-2 batches and of the test items"""
+    lab_seed: int = 0
+    """seed of the lab checkpoints (encoder, teacher, student stage 1) and of the learning-rate choice"""
+    grid: int = 2
+    """patches per image side"""
+    families: tuple[str, ...] = ("object", "patch", "count")
+    """question families of the distillation data and the test items (answers of 2, 5 and 1 tokens)"""
+    teacher_hidden: int = 128
+    """teacher width"""
+    teacher_layers: int = 4
+    """teacher language-model layers"""
+    teacher_steps: int = 1500
+    """teacher's lab stage 2 (instruction tuning on ``families``), cached"""
+    student_hidden: int = 64
+    """student width"""
+    student_layers: int = 2
+    """student language-model layers"""
+    stage1_steps: int = 800
+    """lab stage 1 (captions) of both models"""
+    steps: int = 200
+    """stage-2 distillation steps of every arm (``vanilla_kd_cm``: times the measured FLOP ratio)"""
+    batch_size: int = 32
+    """scenes per distillation step"""
+    lr_grid: tuple[float, ...] = (2e-3, 4e-3)
+    """peak learning rates tried for every arm (chosen on the validation split)"""
+    tpa_num_alternatives: int = 4
+    """TPA's branches per response position"""
+    gkd_beta: float = 0.5
+    """GKD's JSD interpolation (TRL: 0 forward KL, 1 reverse KL)"""
+    gkd_lmbda: float = 0.5
+    """GKD's on-policy fraction (TRL's ``lmbda``)"""
+    n_irs_pairs: int = 64
+    """calibration pairs (same image, two instructions) for IVA's layer choice"""
+    n_val: int = 300
+    """validation questions for the learning-rate choice"""
+    n_test: int = 600
+    """test questions per seed"""
+    arms: tuple[str, ...] = ARMS
+    """arms trained"""
+
+
+PRESETS: dict[str, Config] = {
+    "smoke": Config(
+        teacher_steps=60,
+        stage1_steps=40,
+        steps=6,
+        batch_size=8,
+        lr_grid=(3e-3,),
+        n_irs_pairs=8,
+        n_val=16,
+        n_test=24,
+    ),
+    # quick is full's first seed for the headline arms: the same world, teacher, student and learning-rate choice
+    "quick": Config(arms=("vanilla_kd", "align_ti", "vanilla_kd_cm")),
+    "full": Config(),
+}
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def teacher_recipe(cfg: Config) -> LabRecipe:
+    return LabRecipe(
+        scenes=SceneSpec(grid=cfg.grid),
+        spec=VLMSpec(
+            hidden=cfg.teacher_hidden, layers=cfg.teacher_layers, heads=4, intermediate=2 * cfg.teacher_hidden
+        ),
+        stage1_steps=cfg.stage1_steps,
+        stage2_steps=cfg.teacher_steps,
+        stage2_families=cfg.families,
+        seed=cfg.lab_seed,
+    )
+
+
+def student_recipe(cfg: Config) -> LabRecipe:
+    return LabRecipe(
+        scenes=SceneSpec(grid=cfg.grid),
+        spec=VLMSpec(
+            hidden=cfg.student_hidden, layers=cfg.student_layers, heads=4, intermediate=2 * cfg.student_hidden
+        ),
+        stage1_steps=cfg.stage1_steps,
+        seed=cfg.lab_seed,
+    )
+
+
+def teacher_and_student(cfg: Config) -> tuple[Any, Any, Any]:
+    """``(teacher, student at stage 1, tokenizer)`` from the lab cache (built on a miss)."""
+    teacher, tok = lab_vlm(teacher_recipe(cfg), desc="align_ti teacher")
+    teacher.set_attn_implementation("eager")  # IVA reads its attention maps (a reloaded lab model is sdpa)
+    student, _ = lab_vlm(student_recipe(cfg), desc="align_ti student")
+    return teacher, student, tok
+
+
+def calibration_pairs(cfg: Config, tok: Any) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """IRS calibration: each scene asked about two different patches ("describe patch p" / "... q")."""
+    scenes = SceneSpec(grid=cfg.grid)
+    rng = np.random.default_rng([cfg.lab_seed, 55])
+    attrs = sample_scenes(scenes, rng, cfg.n_irs_pairs)
+    p = rng.integers(0, scenes.n_patches, size=(cfg.n_irs_pairs,))
+    q = (p + rng.integers(1, scenes.n_patches, size=p.shape)) % scenes.n_patches
+    images = render(scenes, attrs, rng)
+    a = [item_for(scenes, attrs[i], "patch", patch=int(p[i])) for i in range(len(attrs))]
+    b = [item_for(scenes, attrs[i], "patch", patch=int(q[i])) for i in range(len(attrs))]
+    return [(encode(tok, a, scenes, None, images=images), encode(tok, b, scenes, None, images=images))]
+
+
+def iva_layer(cfg: Config, teacher: Any, tok: Any) -> tuple[int, list[float]]:
+    """``(l*, IRS per layer)`` of the teacher (deterministic)."""
+    irs = instruction_relevance_scores(
+        teacher, calibration_pairs(cfg, tok), tok.convert_tokens_to_ids("<image>")
+    )
+    return int(irs.argmax()), [float(x) for x in irs]
+
+
+# -------------------------------------------------------------------------------------------------- objectives
+def make_loss(arm: str, cfg: Config, layer: int, image_id: int) -> AlignTILoss:
+    """The ``AlignTILoss`` weights of ``arm`` (``gkd`` is handled by ``gkd_loss_fn``)."""
+    kw = dict(iva_layer=layer, image_token_id=image_id, tpa_num_alternatives=cfg.tpa_num_alternatives)
+    weights = {
+        "sft": (1, 0, 0, 0),
+        "vanilla_kd": (1, 1, 0, 0),
+        "vanilla_kd_cm": (1, 1, 0, 0),
+        "kd_iva": (1, 1, 1, 0),
+        "kd_tpa": (1, 1, 0, 1),
+        "align_ti": (1, 1, 1, 1),
+    }
+    if arm not in weights:
+        raise ValueError(f"arm must be one of {tuple(weights)}, got {arm!r}")
+    sft, kd, iva, tpa = weights[arm]
+    return AlignTILoss(sft_weight=sft, kd_weight=kd, iva_weight=iva, tpa_weight=tpa, **kw)
+
+
+@torch.no_grad()
+def on_policy_batch(
+    student: Any, tok: Any, batch: dict[str, torch.Tensor], max_new: int = 7
+) -> dict[str, torch.Tensor]:
+    """The batch's prompts with the student's own sampled responses (TRL GKD's on-policy step): rows grouped by
+    prompt length (the lab pads on the right), sampled at temperature 1, cut after ``</s>``."""
+    was = student.training
+    student.eval()
+    prompt_len = (batch["labels"] == IGNORE_INDEX).logical_and(batch["attention_mask"].bool()).sum(1)
+    rows: list[list[int]] = [[] for _ in range(len(prompt_len))]
+    labels: list[list[int]] = [[] for _ in range(len(prompt_len))]
+    for n in sorted(set(prompt_len.tolist())):
+        idx = (prompt_len == n).nonzero().flatten()
+        ids = batch["input_ids"][idx, :n]
+        out = student.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=batch["pixel_values"][idx],
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=max_new,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        for r, seq in zip(idx.tolist(), out.tolist(), strict=True):
+            gen = seq[n:]
+            if tok.eos_token_id in gen:
+                gen = gen[: gen.index(tok.eos_token_id) + 1]
+            rows[r] = seq[:n] + gen
+            labels[r] = [IGNORE_INDEX] * n + gen
+    student.train(was)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)], lab[i, : len(lb)], att[i, : len(r)] = torch.tensor(r), torch.tensor(lb), 1
+    return {"input_ids": ids, "attention_mask": att, "pixel_values": batch["pixel_values"], "labels": lab}
+
+
+def gkd_loss_fn(cfg: Config, teacher: Any, tok: Any, seed: int) -> Any:
+    """``loss_fn(student, batch)``: generalised JSD on the batch, or on the student's samples with probability
+    ``gkd_lmbda`` (TRL ``GKDTrainer.training_step`` semantics, no SFT term)."""
+    coin = np.random.default_rng([seed, 404])
+
+    def loss_fn(student: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if coin.random() < cfg.gkd_lmbda:
+            batch = on_policy_batch(student, tok, batch)
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        s = student(**inputs).logits[:, :-1]
+        with torch.no_grad():
+            t = teacher(**inputs).logits[:, :-1]
+        return generalized_jsd(s, t, batch["labels"][:, 1:] != IGNORE_INDEX, beta=cfg.gkd_beta)
+
+    return loss_fn
+
+
+def loss_fn_for(arm: str, cfg: Config, teacher: Any, tok: Any, layer: int, seed: int) -> Any:
+    if arm == "gkd":
+        return gkd_loss_fn(cfg, teacher, tok, seed)
+    loss = make_loss(arm, cfg, layer, tok.convert_tokens_to_ids("<image>"))
+    gen = torch.Generator().manual_seed(seed)
+    return lambda model, batch: loss(model, teacher, batch, generator=gen)["loss"]
+
+
+def step_flops(arm: str, cfg: Config, teacher: Any, student: Any, tok: Any, layer: int) -> float:
+    """FLOPs of one training step of ``arm`` (losses' forwards and the student's backward) on a fixed batch."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = copy.deepcopy(student)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    scenes = SceneSpec(grid=cfg.grid)
+    batch = instruction_sampler(tok, scenes, cfg.families, cfg.batch_size)(np.random.default_rng(0))
+    fn = loss_fn_for(arm, cfg, teacher, tok, layer, 0)
+    with FlopCounterMode(display=False) as counter:
+        fn(model, batch).backward()
+    return float(counter.get_total_flops())
+
+
+def train_arm(
+    arm: str, cfg: Config, lr: float, seed: int, parts: tuple[Any, Any, Any, int]
+) -> tuple[Any, float]:
+    """``(student, seconds)``: a copy of the stage-1 student after ``arm``'s stage 2 at ``lr``."""
+    import copy
+
+    teacher, student0, tok, layer = parts
+    student = copy.deepcopy(student0)
+    steps = cfg.steps
+    if arm == "vanilla_kd_cm":
+        steps = round(cfg.steps * compute_ratio(cfg, parts))
+    t0 = time.perf_counter()
+    train_vlm(
+        student,
+        instruction_sampler(tok, SceneSpec(grid=cfg.grid), cfg.families, cfg.batch_size),
+        steps=steps,
+        trainable="projector+lm",
+        lr=lr,
+        seed=seed,
+        desc=None,
+        loss_fn=loss_fn_for(arm, cfg, teacher, tok, layer, seed),
+    )
+    return student, time.perf_counter() - t0
+
+
+_RATIO: dict[str, float] = {}
+
+
+def compute_ratio(cfg: Config, parts: tuple[Any, Any, Any, int]) -> float:
+    """Align-TI's training FLOPs per step over vanilla KD's (deterministic; memoised per configuration)."""
+    key = json.dumps(
+        dataclasses.asdict(teacher_recipe(cfg))
+        | {"s": dataclasses.asdict(student_recipe(cfg)), "b": cfg.batch_size, "m": cfg.tpa_num_alternatives},
+        sort_keys=True,
+        default=str,
+    )
+    if key not in _RATIO:
+        teacher, student, tok, layer = parts
+        _RATIO[key] = step_flops("align_ti", cfg, teacher, student, tok, layer) / step_flops(
+            "vanilla_kd", cfg, teacher, student, tok, layer
+        )
+    return _RATIO[key]
+
+
+# -------------------------------------------------------------------------------------------------- evaluation
+@dataclass
+class EvalSet:
+    attrs: np.ndarray
+    items: list
+
+
+def build_test_set(cfg: Config, seed: int, n: int) -> EvalSet:
+    """``n`` questions from ``families`` on fresh scenes; depends on the seed only."""
+    scenes = SceneSpec(grid=cfg.grid)
+    rng = np.random.default_rng([seed, 77])
+    attrs = sample_scenes(scenes, rng, n)
+    return EvalSet(attrs, make_items(scenes, attrs, rng, cfg.families))
+
+
+@torch.no_grad()
+def _logits_and_batches(model: Any, tok: Any, cfg: Config, data: EvalSet, seed: int) -> list[tuple[Any, Any]]:
+    scenes = SceneSpec(grid=cfg.grid)
+    images = render(scenes, data.attrs, np.random.default_rng(seed))
+    model.eval()
+    out = []
+    for i in range(0, len(data.items), 256):
+        batch = encode(tok, data.items[i : i + 256], scenes, None, images=images[i : i + 256])
+        out.append((batch, model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1]))
+    return out
+
+
+def evaluate(
+    model: Any, teacher_logits: list[Any], tok: Any, cfg: Config, data: EvalSet, seed: int
+) -> dict[str, np.ndarray]:
+    """Per-item ``exact_match``, ``token_accuracy``, ``agreement`` with the teacher's argmax (teacher forcing)."""
+    exact, token, agree = [], [], []
+    for (batch, logits), t_logits in zip(
+        _logits_and_batches(model, tok, cfg, data, seed), teacher_logits, strict=True
+    ):
+        target = batch["labels"][:, 1:]
+        mask = target != IGNORE_INDEX
+        pred = logits.argmax(-1)
+        right = (pred == target) & mask
+        n = mask.sum(-1)
+        exact.append((right.sum(-1) == n).double().numpy())
+        token.append((right.sum(-1).double() / n.clamp(min=1)).numpy())
+        same = (pred == t_logits.argmax(-1)) & mask
+        agree.append((same.sum(-1).double() / n.clamp(min=1)).numpy())
+    return {
+        "exact_match": np.concatenate(exact),
+        "token_accuracy": np.concatenate(token),
+        "agreement": np.concatenate(agree),
+    }
+
+
+# --------------------------------------------------------------------------------------------- learning rates
+def _tuning_key(cfg: Config) -> dict[str, Any]:
+    keep = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name not in ("seed", "n_test", "arms", "lr_grid")
+    }
+    return {
+        "paper": "align_ti",
+        "tuning": TUNING_VERSION,
+        "teacher": teacher_recipe(cfg).key(),
+        "student": student_recipe(cfg).key(),
+        **keep,
+    }
+
+
+def validation_accuracy(cfg: Config, arm: str, lr: float, parts: tuple[Any, Any, Any, int]) -> float:
+    """Validation exact match of ``arm`` at ``lr`` (lab seed's batches; cached per arm and rate; diverged: 0)."""
+    from .. import __version__
+
+    key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
+    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
+    path = cache_dir() / "align_ti_tuning" / f"{digest.hexdigest()[:20]}.json"
+    if path.is_file():
+        return float(json.loads(path.read_text())["val_accuracy"])
+    seed = 20_000 + cfg.lab_seed
+    try:
+        model, _ = train_arm(arm, cfg, lr, seed, parts)
+        val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
+        t_logits = [lg for _, lg in _logits_and_batches(parts[0], parts[2], cfg, val, seed)]
+        acc = float(evaluate(model, t_logits, parts[2], cfg, val, seed)["exact_match"].mean())
+    except FloatingPointError:
+        acc = 0.0
+    atomic_write_text(
+        path, json.dumps({"key": key, "val_accuracy": acc}, sort_keys=True, indent=2, default=str)
+    )
+    return acc
+
+
+def tune_learning_rates(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, dict[str, float]]:
+    """``{arm: {"lr", "val_accuracy"}}``: each arm's best rate in ``lr_grid`` (ties: the smaller rate).
+    ``vanilla_kd_cm`` takes ``vanilla_kd``'s rate (the same method, more steps)."""
+    choice = {}
+    for arm in progress([a for a in cfg.arms if a != "vanilla_kd_cm"], desc="align_ti lr selection"):
+        by_lr = {float(lr): validation_accuracy(cfg, arm, lr, parts) for lr in cfg.lr_grid}
+        best = max(by_lr, key=lambda lr: (by_lr[lr], -lr))
+        choice[arm] = {"lr": best, "val_accuracy": by_lr[best]}
+    if "vanilla_kd_cm" in cfg.arms:
+        choice["vanilla_kd_cm"] = dict(
+            choice.get("vanilla_kd")
+            or {
+                "lr": max(
+                    cfg.lr_grid, key=lambda lr: (validation_accuracy(cfg, "vanilla_kd", lr, parts), -lr)
+                ),
+                "val_accuracy": float("nan"),
+            }
+        )
+    return choice
+
+
+# ------------------------------------------------------------------------------------------------------- run
+def run(cfg: Config) -> SeedRun:
+    """One seed: every arm from the same stage-1 student at its selected rate; per-item outcomes."""
+    unknown = [a for a in cfg.arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"arms must be among {ARMS}, got {unknown}")
+    teacher, student0, tok = teacher_and_student(cfg)
+    layer, irs = iva_layer(cfg, teacher, tok)
+    parts = (teacher, student0, tok, layer)
+    choice = tune_learning_rates(cfg, parts)
+    data = build_test_set(cfg, cfg.seed, cfg.n_test)
+    eval_seed = 30_000 + cfg.seed
+    t_logits = [lg for _, lg in _logits_and_batches(teacher, tok, cfg, data, eval_seed)]
+    long = np.array([it.family == "patch" for it in data.items])
+    units: dict[str, dict[str, dict[str, list[float]]]] = {"items": {}, "long": {}}
+    metrics: dict[str, dict[str, float]] = {}
+
+    def record(name: str, out: dict[str, np.ndarray]) -> None:
+        units["items"][name] = {k: out[k].tolist() for k in ("exact_match", "token_accuracy", "agreement")}
+        units["long"][name] = {"long_exact_match": out["exact_match"][long].tolist()}
+
+    record("teacher", evaluate(teacher, t_logits, tok, cfg, data, eval_seed))
+    record("student_init", evaluate(student0, t_logits, tok, cfg, data, eval_seed))
+    ratio = compute_ratio(cfg, parts) if {"vanilla_kd_cm", "align_ti"} & set(cfg.arms) else float("nan")
+    for arm in progress(cfg.arms, desc=f"align_ti seed {cfg.seed}"):
+        model, seconds = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, parts)
+        record(arm, evaluate(model, t_logits, tok, cfg, data, eval_seed))
+        metrics[arm] = {
+            "lr": choice[arm]["lr"],
+            "val_accuracy": choice[arm]["val_accuracy"],
+            "train_s": seconds,
+        }
+    if "align_ti" in metrics and "vanilla_kd" in metrics:
+        metrics["align_ti"]["time_ratio_vs_kd"] = (
+            metrics["align_ti"]["train_s"] / metrics["vanilla_kd"]["train_s"]
+        )
+    metrics["setup"] = {
+        "iva_layer": float(layer),
+        "flop_ratio_align_ti_vs_kd": ratio,
+        **{f"irs_layer{i}": v for i, v in enumerate(irs)},
+    }
+    return SeedRun(metrics, units=units)
+
+
+def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Exact match of each arm (mean over seeds, items pooled), all questions and the long answers."""
+    arms = result["arms"]
+    names = [a for a in ("student_init", *ARMS, "teacher") if a in arms and "exact_match" in arms[a]]
+    fig, ax = new_figure()
+    for i, name in enumerate(names):
+        for j, metric in enumerate(("exact_match", "long_exact_match")):
+            stat = arms[name].get(metric)
+            if stat:
+                ax.bar(
+                    i + 0.4 * j,
+                    stat["mean"],
+                    width=0.4,
+                    yerr=stat["std"],
+                    color=("C3" if name == "align_ti" else "C0") if j == 0 else "C7",
+                    label=metric if i == 0 else None,
+                )
+    ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=30, fontsize=8)
+    ax.set_ylabel("test exact match")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    return [save_figure(fig, out_dir / f"{result['mode']}_exact_match_by_arm.png")]

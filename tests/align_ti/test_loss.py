@@ -1,0 +1,225 @@
+"""Align-TI's losses against the float64 reference, finite differences, the per-branch forward, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from icml26.align_ti import reference
+from icml26.align_ti.loss import (
+    AlignTILoss,
+    Branches,
+    branch_logits,
+    build_branch_attention_mask,
+    extend_with_branches,
+    generalized_jsd,
+    instruction_vision_attention,
+    irs_from_alphas,
+    iva_divergence,
+    kd_divergence,
+    propose_alternatives,
+    tpa_divergence,
+)
+
+
+def _logits(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_kd_matches_reference(direction, temperature):
+    s, t = _logits(0, 3, 5, 7), _logits(1, 3, 5, 7)
+    mask = torch.rand(3, 5, generator=torch.Generator().manual_seed(2)) > 0.4
+    ours = kd_divergence(s, t, mask, temperature=temperature, direction=direction)
+    ref = reference.kd(s.numpy(), t.numpy(), mask.numpy(), temperature, direction)
+    assert float(ours) == pytest.approx(ref, rel=1e-5)
+
+
+def test_kd_gradient_matches_finite_differences():
+    s = _logits(3, 2, 4, 5).requires_grad_(True)
+    t = _logits(4, 2, 4, 5)
+    mask = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1]], dtype=torch.bool)
+    assert torch.autograd.gradcheck(lambda x: kd_divergence(x, t, mask).double(), (s,), eps=1e-6, atol=1e-4)
+
+
+def test_kd_is_zero_on_equal_logits_and_ignores_masked_positions():
+    s = _logits(5, 2, 3, 4)
+    mask = torch.tensor([[1, 0, 0], [0, 0, 1]], dtype=torch.bool)
+    assert float(kd_divergence(s, s, mask)) == pytest.approx(0.0, abs=1e-12)
+    t = s.clone()
+    t[0, 1] += 5.0  # a masked-out position
+    assert float(kd_divergence(s, t, mask)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_generalized_jsd_matches_trl():
+    trl = pytest.importorskip("trl.experimental.gkd")
+    s, t = _logits(6, 2, 4, 6).float(), _logits(7, 2, 4, 6).float()
+    labels = torch.tensor([[-100, 1, 2, 3], [-100, -100, 1, 2]])
+    for beta in (0.0, 0.5, 0.9, 1.0):
+        theirs = trl.GKDTrainer.generalized_jsd_loss(s, t, labels=labels, beta=beta)
+        assert float(generalized_jsd(s, t, labels != -100, beta=beta)) == pytest.approx(
+            float(theirs), rel=1e-5
+        )
+
+
+def test_alpha_and_irs_match_reference():
+    g = torch.Generator().manual_seed(8)
+    attn = torch.rand(2, 3, 6, 6, generator=g, dtype=torch.float64).softmax(-1)
+    visual = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    inst = torch.tensor([[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)  # row 1: no instruction
+    ours = instruction_vision_attention(attn, visual, inst)
+    assert np.allclose(ours.numpy(), reference.alpha(attn.numpy(), visual.numpy(), inst.numpy()), atol=1e-12)
+    assert np.allclose(ours[1, 1:4].numpy(), 1 / 3)  # uniform without instruction tokens
+    a, b = (
+        torch.rand(3, 4, 5, generator=g, dtype=torch.float64),
+        torch.rand(3, 4, 5, generator=g, dtype=torch.float64),
+    )
+    assert np.allclose(irs_from_alphas(a, b).numpy(), reference.irs(a.numpy(), b.numpy()), atol=1e-12)
+    assert np.allclose(
+        irs_from_alphas(a, a).numpy(), 0.0, atol=1e-12
+    )  # same focus for both instructions: IRS 0
+
+
+@pytest.mark.parametrize("topk", [None, 2])
+def test_iva_matches_reference_and_gradient(topk):
+    s, t = _logits(9, 2, 6, 5), _logits(10, 2, 6, 5)
+    w = torch.tensor([[0, 0.5, 0.3, 0.2, 0, 0], [0, 0.1, 0.1, 0.8, 0, 0]], dtype=torch.float64)
+    ours = iva_divergence(s, t, w, topk=topk)
+    wr = w.numpy().copy()
+    if topk == 2:
+        wr = np.array([[0, 0.5 / 0.8, 0.3 / 0.8, 0, 0, 0], [0, 0.1 / 0.9, 0, 0.8 / 0.9, 0, 0]])
+        wr[1] = [0, 0, 0, 0, 0, 0]
+        keep = torch.topk(w[1], 2).indices.tolist()  # tie between positions 1 and 2: follow torch's pick
+        wr[1, keep] = w[1, keep].numpy() / w[1, keep].sum().item()
+    assert float(ours) == pytest.approx(reference.iva(s.numpy(), t.numpy(), wr), rel=1e-6)
+    x = s.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda z: iva_divergence(z, t, w, topk=topk).double(), (x,), eps=1e-6, atol=1e-4
+    )
+
+
+def test_branch_mask_by_hand():
+    m = build_branch_attention_mask(prefix_len=3, response_len=2, n_alt=2)
+    assert m.shape == (9, 9)
+    # branches of response position 0 (sequence position 3): see the 3-token prefix and themselves
+    assert m[5].tolist() == [True, True, True, False, False, True, False, False, False]
+    assert m[6].tolist() == [True, True, True, False, False, False, True, False, False]
+    # branches of response position 1 (sequence position 4): the prefix and the first response token
+    assert m[7].tolist() == [True, True, True, True, False, False, False, True, False]
+    assert m[:5, :5].equal(torch.ones(5, 5, dtype=torch.bool).tril()) and not m[:5, 5:].any()
+
+
+@pytest.fixture(scope="module")
+def models():
+    pytest.importorskip("transformers")
+    from icml26.common.tiny_vlm import (
+        SceneSpec,
+        VLMSpec,
+        encode,
+        make_items,
+        sample_scenes,
+        tiny_vlm,
+        vlm_tokenizer,
+    )
+
+    tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
+    teacher = tiny_vlm(tok, VLMSpec(hidden=32, layers=2, intermediate=64), scenes, seed=0).eval()
+    student = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=1).eval()
+    rng = np.random.default_rng(0)
+    attrs = sample_scenes(scenes, rng, 3)
+    batch = encode(tok, make_items(scenes, attrs, rng, ["patch", "count", "object"]), scenes, attrs, rng)
+    return tok, teacher, student, batch
+
+
+def test_one_pass_branch_forward_equals_per_branch_forward(models):
+    tok, teacher, student, batch = models
+    with torch.no_grad():
+        plain = student(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        br = propose_alternatives(plain, batch["labels"], 3, exclude=(tok.convert_tokens_to_ids("<image>"),))
+        ext = extend_with_branches(batch, br)
+        s_ext, t_ext = student(**ext).logits, teacher(**ext).logits
+    t_len = batch["input_ids"].shape[1]
+    # the sequence positions of the extended pass are the plain forward's (padding aside)
+    real = batch["attention_mask"].bool()
+    assert torch.allclose(s_ext[:, :t_len][real], plain[real], atol=1e-5)
+    ours = tpa_divergence(branch_logits(s_ext, t_len, br), branch_logits(t_ext, t_len, br), br)
+    ref = reference.tpa_per_branch(
+        student, teacher, batch, br.positions.numpy(), br.valid.numpy(), br.tokens.numpy(), br.weights.numpy()
+    )
+    assert float(ours) == pytest.approx(ref, rel=1e-4)
+    # alternatives never repeat the true token, and the branch weights are a distribution
+    truth = torch.gather(batch["labels"], 1, br.positions)
+    assert not (br.tokens == truth[..., None]).any()
+    assert torch.allclose(br.weights.sum(-1), torch.ones(br.weights.shape[:2]))
+
+
+def test_align_ti_loss_terms_and_gradient(models):
+    tok, teacher, student, batch = models
+    image = tok.convert_tokens_to_ids("<image>")
+    full = AlignTILoss(iva_layer=1, image_token_id=image)
+    out = full(student, teacher, batch)
+    assert set(out) == {"loss", "sft", "kd", "iva", "tpa"} and all(float(out[k].detach()) > 0 for k in out)
+    total = out["sft"] + out["kd"] + out["iva"] + out["tpa"]
+    assert float(out["loss"].detach()) == pytest.approx(float(total), rel=1e-5)
+    # the KD term of the extended pass is the plain vanilla KD
+    kd_only = AlignTILoss(iva_weight=0, tpa_weight=0, sft_weight=0)(student, teacher, batch)
+    assert float(kd_only["kd"]) == pytest.approx(float(out["kd"]), rel=1e-5)
+    student.zero_grad()
+    out["loss"].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.parameters())
+    assert all(p.grad is None for p in teacher.parameters())
+    # the student is not a teacher of itself: identical models give zero KD, IVA and TPA
+    same = full(teacher, teacher, batch)
+    assert all(float(same[k]) == pytest.approx(0.0, abs=1e-6) for k in ("kd", "iva", "tpa"))
+
+
+def test_bad_input(models):
+    tok, teacher, student, batch = models
+    image = tok.convert_tokens_to_ids("<image>")
+    with pytest.raises(ValueError, match="branch count"):
+        build_branch_attention_mask(3, 2, 0)
+    with pytest.raises(ValueError, match="branch count"):
+        AlignTILoss(tpa_num_alternatives=0, iva_weight=0)
+    with pytest.raises(ValueError, match=r"iva_layer must be in 0\.\.1"):
+        AlignTILoss(iva_layer=2, image_token_id=image)(student, teacher, batch)
+    with pytest.raises(ValueError, match="iva_layer and image_token_id"):
+        AlignTILoss()
+    with pytest.raises(ValueError, match="share a vocabulary"):
+        kd_divergence(torch.zeros(1, 2, 5), torch.zeros(1, 2, 6), torch.ones(1, 2, dtype=torch.bool))
+    from icml26.common.tiny_vlm import SceneSpec, VLMSpec, tiny_vlm
+
+    class Bigger:
+        def convert_tokens_to_ids(self, t):
+            return tok.convert_tokens_to_ids(t)
+
+        pad_token_id, bos_token_id, eos_token_id = tok.pad_token_id, tok.bos_token_id, tok.eos_token_id
+
+        def __len__(self):
+            return len(tok) + 3
+
+    other = tiny_vlm(Bigger(), VLMSpec(hidden=16, layers=1, intermediate=32), SceneSpec(grid=2), seed=2)
+    with pytest.raises(ValueError, match="share a vocabulary"):
+        AlignTILoss(iva_weight=0)(other, teacher, batch)
+    with pytest.raises(ValueError, match="direction"):
+        kd_divergence(
+            torch.zeros(1, 2, 5), torch.zeros(1, 2, 5), torch.ones(1, 2, dtype=torch.bool), direction="up"
+        )
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        bad = torch.zeros(1, 1, 5)
+        bad[0, 0, 0] = float("nan")
+        from icml26.align_ti.loss import _check_finite
+
+        _check_finite("student logits", bad)
+    with pytest.raises(ValueError, match="labels"):
+        AlignTILoss(iva_weight=0)(student, teacher, {k: v for k, v in batch.items() if k != "labels"})
+    with pytest.raises(ValueError, match="eager"):
+        sdpa = tiny_vlm(
+            tok,
+            VLMSpec(hidden=32, layers=2, intermediate=64, attn_implementation="sdpa"),
+            SceneSpec(grid=2),
+            seed=0,
+        )
+        AlignTILoss(image_token_id=image, iva_layer=0, tpa_weight=0)(student, sdpa, batch)
+    assert isinstance(Branches, type)
