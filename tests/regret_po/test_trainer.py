@@ -28,14 +28,27 @@ from icml26.regret_po.trainer import (  # noqa: E402
 
 
 def pairs(n=8):
-    return datasets.Dataset.from_dict({"prompt": ["1+2=", "4+4=", "rev:ab=", "9+0="][: n] * (n // 4 or 1),
-                                       "chosen": ["3", "8", "ba", "9"][: n] * (n // 4 or 1),
-                                       "rejected": ["4", "7", "ab", "90"][: n] * (n // 4 or 1)})
+    return datasets.Dataset.from_dict(
+        {
+            "prompt": ["1+2=", "4+4=", "rev:ab=", "9+0="][:n] * (n // 4 or 1),
+            "chosen": ["3", "8", "ba", "9"][:n] * (n // 4 or 1),
+            "rejected": ["4", "7", "ab", "90"][:n] * (n // 4 or 1),
+        }
+    )
 
 
 def args(tmp_path, **kw):
-    return RegretPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, report_to="none",
-                          use_cpu=True, logging_steps=1, disable_tqdm=True, learning_rate=1e-3, **kw)
+    return RegretPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        disable_tqdm=True,
+        learning_rate=1e-3,
+        **kw,
+    )
 
 
 def quiet_train(trainer):
@@ -62,13 +75,16 @@ def test_trainer_loss_is_the_repo_loss(tmp_path):
     behaviour = tiny_causal_lm(len(tok), seed=5)
     data = attach_behavior_logps(pairs(4), behaviour, tok)
     model, ref = tiny_causal_lm(len(tok), seed=0), tiny_causal_lm(len(tok), seed=1)
-    trainer = RegretPOTrainer(model, ref_model=ref, args=args(tmp_path), train_dataset=data, processing_class=tok)
+    trainer = RegretPOTrainer(
+        model, ref_model=ref, args=args(tmp_path), train_dataset=data, processing_class=tok
+    )
     examples = [trainer.train_dataset[i] for i in range(4)]
     inputs = trainer.data_collator(examples)
     with torch.no_grad():
         got = trainer._compute_loss(model, dict(inputs), return_outputs=False)
-        batch = completion_batch(tok, [e for e in pairs(4)["prompt"]] * 2,
-                                 list(pairs(4)["chosen"]) + list(pairs(4)["rejected"]))
+        batch = completion_batch(
+            tok, [e for e in pairs(4)["prompt"]] * 2, list(pairs(4)["chosen"]) + list(pairs(4)["rejected"])
+        )
         lp, mask = completion_logps(model, batch)
         rl, _ = completion_logps(ref, batch)
         beh = inputs["behavior_logps"][:, 1:][:, : lp.shape[1]]
@@ -79,8 +95,12 @@ def test_trainer_loss_is_the_repo_loss(tmp_path):
 def test_from_pretrained_path_offline(tmp_path):
     tok = char_tokenizer()
     path = save_lab_model(tiny_causal_lm(len(tok), seed=0), tok, tmp_path / "tiny")
-    trainer = RegretPOTrainer(str(path), args=args(tmp_path / "out", deterministic=True), train_dataset=pairs(),
-                              processing_class=tok)
+    trainer = RegretPOTrainer(
+        str(path),
+        args=args(tmp_path / "out", deterministic=True),
+        train_dataset=pairs(),
+        processing_class=tok,
+    )
     assert quiet_train(trainer).global_step == 2
 
 
@@ -90,13 +110,121 @@ def test_bad_input(tmp_path):
     with pytest.raises(ValueError, match="behaviour log-prob columns"):
         RegretPOTrainer(model, args=args(tmp_path), train_dataset=pairs(), processing_class=tok)
     with pytest.raises(ValueError, match="precompute_ref_log_probs"):
-        RegretPOTrainer(model, args=args(tmp_path, deterministic=True, precompute_ref_log_probs=True),
-                        train_dataset=pairs(), processing_class=tok)
+        RegretPOTrainer(
+            model,
+            args=args(tmp_path, deterministic=True, precompute_ref_log_probs=True),
+            train_dataset=pairs(),
+            processing_class=tok,
+        )
     with pytest.raises(TypeError, match="RegretPOConfig"):
         from trl import DPOConfig
-        RegretPOTrainer(model, args=DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
-                        train_dataset=pairs(), processing_class=tok)
+
+        RegretPOTrainer(
+            model,
+            args=DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+            train_dataset=pairs(),
+            processing_class=tok,
+        )
     collator = BehaviorLogpsCollator(pad_token_id=0)
     with pytest.raises(ValueError, match="one per completion token"):
-        collator([{"prompt_ids": [5], "chosen_ids": [6, 2], "rejected_ids": [7, 2],
-                   "chosen_behavior_logps": [-1.0], "rejected_behavior_logps": [-1.0, -1.0]}])
+        collator(
+            [
+                {
+                    "prompt_ids": [5],
+                    "chosen_ids": [6, 2],
+                    "rejected_ids": [7, 2],
+                    "chosen_behavior_logps": [-1.0],
+                    "rejected_behavior_logps": [-1.0, -1.0],
+                }
+            ]
+        )
+
+
+def test_topk_trainer_loss_is_the_topk_repo_loss(tmp_path):
+    """The collator places the behaviour top-k at the completion tokens; the trainer gathers pi_theta there."""
+    tok = char_tokenizer()
+    behaviour = tiny_causal_lm(len(tok), seed=5)
+    data = attach_behavior_logps(pairs(4), behaviour, tok, top_k=3)
+    row = data[0]
+    assert len(row["chosen_behavior_topk_ids"]) == 2 and len(row["chosen_behavior_topk_ids"][0]) == 3
+    # the top-1 log-prob is at least the realised token's, and the top-k log-probs are sorted
+    assert row["chosen_behavior_topk_logps"][0][0] >= row["chosen_behavior_logps"][0] - 1e-6
+    assert row["chosen_behavior_topk_logps"][0] == sorted(row["chosen_behavior_topk_logps"][0], reverse=True)
+    model, ref = tiny_causal_lm(len(tok), seed=0), tiny_causal_lm(len(tok), seed=1)
+    trainer = RegretPOTrainer(
+        model, ref_model=ref, args=args(tmp_path, topk=True), train_dataset=data, processing_class=tok
+    )
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    assert inputs["behavior_topk_ids"].shape == (*inputs["input_ids"].shape, 3)
+    with torch.no_grad():
+        got = trainer._compute_loss(model, dict(inputs), return_outputs=False)
+        batch = completion_batch(
+            tok, list(pairs(4)["prompt"]) * 2, list(pairs(4)["chosen"]) + list(pairs(4)["rejected"])
+        )
+        logp = torch.log_softmax(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1], -1
+        )
+        lp = logp.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+        mask = batch["completion_mask"][:, 1:].float()
+        rl, _ = completion_logps(ref, batch)
+        T = lp.shape[1]
+        ids = inputs["behavior_topk_ids"][:, 1:][:, :T]
+        expected, _ = RegretPOLoss(topk=True)(
+            lp,
+            rl,
+            mask,
+            policy_topk_logps=logp.gather(-1, ids),
+            behavior_topk_logps=inputs["behavior_topk_logps"][:, 1:][:, :T],
+        )
+    assert got.item() == pytest.approx(expected.item(), rel=1e-4)
+    assert quiet_train(trainer).global_step == 2
+
+
+@pytest.mark.parametrize("kind,sft", [("dpo", 0.0), ("dpo", 1.0), ("ipo", 0.5), ("simpo", 1.0), ("nll", 1.0)])
+def test_baselines_run_through_the_same_trainer(tmp_path, kind, sft):
+    from icml26.regret_po import dpo_loss, ipo_loss, simpo_loss
+    from icml26.regret_po.loss import chosen_nll
+
+    tok = char_tokenizer()
+    model, ref = tiny_causal_lm(len(tok), seed=0), tiny_causal_lm(len(tok), seed=1)
+    trainer = RegretPOTrainer(
+        model,
+        ref_model=ref,
+        args=args(tmp_path, loss_kind=kind, sft_coef=sft, beta=0.3),
+        train_dataset=pairs(4),
+        processing_class=tok,
+    )
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        got = trainer._compute_loss(model, dict(inputs), return_outputs=False).item()
+        batch = completion_batch(
+            tok, list(pairs(4)["prompt"]) * 2, list(pairs(4)["chosen"]) + list(pairs(4)["rejected"])
+        )
+        lp, mask = completion_logps(model, batch)
+        rl, _ = completion_logps(ref, batch)
+    expected = {
+        "dpo": lambda: dpo_loss(lp, rl, mask, beta=0.3, sft_coef=sft),
+        "ipo": lambda: ipo_loss(lp, rl, mask, beta=0.3, sft_coef=sft),
+        "simpo": lambda: simpo_loss(lp, mask, beta=0.3, gamma=1.0, sft_coef=sft),
+        "nll": lambda: chosen_nll(lp, mask).mean(),
+    }[kind]().item()
+    assert got == pytest.approx(expected, rel=1e-4)
+
+
+def test_config_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="loss_kind"):
+        args(tmp_path, loss_kind="kto")
+    with pytest.raises(ValueError, match="exclusive"):
+        args(tmp_path, deterministic=True, topk=True)
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match="top_k"):
+        attach_behavior_logps(pairs(4), tiny_causal_lm(len(tok), seed=0), tok, top_k=-1)
+    with pytest.raises(ValueError, match="side"):
+        attach_behavior_logps(pairs(4), tiny_causal_lm(len(tok), seed=0), tok, side="both")
+    with pytest.raises(ValueError, match="behaviour log-prob columns"):
+        RegretPOTrainer(
+            tiny_causal_lm(len(tok), seed=0),
+            args=args(tmp_path, topk=True),
+            train_dataset=attach_behavior_logps(pairs(4), tiny_causal_lm(len(tok), seed=1), tok),
+            processing_class=tok,
+        )

@@ -5,9 +5,10 @@ et al., ICML 2026 (spotlight). https://arxiv.org/abs/2606.09124
 
 Preference optimisation that scores a response by (negative) regret: its token log-probabilities corrected by a
 tail estimate of the future KL between the behaviour policy that generated it and the current policy, so a lucky
-response from a weak generator is not credited like a sound one. ``RegretPOLoss`` (torch), ``RegretPOTrainer``
-and ``RegretPOConfig`` (TRL ``DPOTrainer`` subclass; imported lazily, extra ``hf``), ``attach_behavior_logps``.
-Not implemented: the official top-k and "unbalanced" variants and masked-pair augmentation.
+response from a weak generator is not credited like a sound one. ``RegretPOLoss`` (torch; sampled,
+deterministic and top-k variants), ``RegretPOTrainer`` and ``RegretPOConfig`` (TRL ``DPOTrainer`` subclass that
+also runs the DPO / IPO / SimPO / NLL baselines; imported lazily, extra ``hf``), ``attach_behavior_logps``
+(behaviour log-probs and top-k). Not implemented: the official "unbalanced" variant, masked-pair augmentation.
 """
 
 from __future__ import annotations

@@ -7,28 +7,32 @@ Llamas on 3-term addition chains with a scratchpad (``3+5+2=`` -> ``3+5=8;8+2=10
 - a strong behaviour policy mu_s (5 % corrupted steps, longer SFT) and a weak one mu_w (60 %).
 
 On each seed, for ``n_pairs`` fresh prompts, mu_s and mu_w each sample a response (temperature 1) whose
-per-token log-probs are recorded; the pair is labelled by a Bradley-Terry draw on the **oracle regret** (the
-share of wrong scratchpad steps, exact here because the optimal continuation is known), not on the realised
-outcome; ties are dropped. Every arm then trains pi_0 on the same pairs, in the same order, for the same steps:
-DPO, RPO (DPO + chosen NLL), IPO, SimPO, RePO (with the behaviour log-probs) and RePO_det. Metrics: greedy
-accuracy on held-out prompts (the task's verifiable reward), recorded per prompt (0/1, the same prompts in the
-same order for every arm of a seed, so the claims pair arms by prompt), and the pair accuracy of the implicit
-reward (mean log-ratio to the reference) on held-out labelled pairs.
+per-token log-probs and top-k tokens are recorded; the pair is labelled by a Bradley-Terry draw on the **oracle
+regret** (the share of wrong scratchpad steps, exact here because the optimal continuation is known), not on the
+realised outcome; ties are dropped. Every arm (``ARMS``: the NLL term alone, DPO, RPO = DPO + NLL, IPO and SimPO
+with and without the NLL term, RePO / RePO_det / RePO-top-k with and without it) trains pi_0 through
+``RegretPOTrainer`` on the same pairs, in the same order, for the same steps, at every point of the same grid
+(``lr_grid`` x ``beta_grid``), and keeps the point with the best greedy accuracy on validation prompts. Metric:
+greedy accuracy on held-out test prompts (the task's verifiable reward), recorded per prompt (0/1, the same
+prompts in the same order for every arm, so the claims pair arms by prompt). ``repo_best`` is the RePO variant
+with the best validation accuracy. ``sft`` (pi_0) and ``mu_strong`` are the trivial baseline and the ceiling.
 
 Example:
     >>> import dataclasses
     >>> from icml26.regret_po.experiment import PRESETS, run
-    >>> cfg = dataclasses.replace(PRESETS["smoke"], n_pairs=16, steps=2, eval_prompts=8, eval_every=0)
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], n_pairs=16, steps=1, eval_prompts=8, val_prompts=4)
     >>> out = run(cfg)
-    >>> sorted(out.metrics)
-    ['dpo', 'ipo', 'repo', 'repo_det', 'rpo', 'sft', 'simpo']
-    >>> len(out.units["prompts"]["repo"]["accuracy"])
+    >>> out.series["repo_best"] in ("repo", "repo_det", "repo_topk")
+    True
+    >>> len(out.units["prompts"]["repo_best"]["accuracy"])
     8
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +46,33 @@ from ..common.results import SeedRun
 from ..common.tiny_lm import (
     AdditionChain,
     Task,
-    accuracy,
     cached,
     char_tokenizer,
     completion_batch,
-    completion_logps,
     generate,
     sft,
     tiny_causal_lm,
 )
-from .loss import RegretPOLoss, dpo_loss, ipo_loss, simpo_loss
 
-ARMS = ("dpo", "rpo", "ipo", "simpo", "repo", "repo_det")
+#: arm -> (loss_kind, variant, sft_coef, standard beta/alpha); every arm trains through ``RegretPOTrainer``
+ARM_SPECS: dict[str, tuple[str, str, float, float]] = {
+    "nll": ("nll", "", 1.0, 0.0),  # the NLL term alone: SFT on the chosen responses
+    "dpo": ("dpo", "", 0.0, 0.1),
+    "rpo": ("dpo", "", 1.0, 0.1),  # RPO = DPO + the chosen NLL
+    "ipo": ("ipo", "", 0.0, 0.1),
+    "ipo_nll": ("ipo", "", 1.0, 0.1),
+    "simpo": ("simpo", "", 0.0, 2.0),
+    "simpo_nll": ("simpo", "", 1.0, 2.0),
+    "repo": ("repo", "sampled", 1.0, 0.1),  # official c_sft = 1, alpha = 0.1
+    "repo_nonll": ("repo", "sampled", 0.0, 0.1),
+    "repo_det": ("repo", "det", 1.0, 0.1),
+    "repo_det_nonll": ("repo", "det", 0.0, 0.1),
+    "repo_topk": ("repo", "topk", 1.0, 0.1),
+    "repo_topk_nonll": ("repo", "topk", 0.0, 0.1),
+}
+ARMS = tuple(ARM_SPECS)
+#: the RePO variants (with the NLL term) among which ``repo_best`` is chosen on the validation prompts
+REPO_VARIANTS = ("repo", "repo_det", "repo_topk")
 
 
 @dataclass
@@ -78,22 +97,32 @@ class Config:
     """training prompts (one pair each before dropping ties)"""
     label_beta: float = 5.0
     """Bradley-Terry temperature on the regret difference"""
-    steps: int = 120
-    """preference-optimisation steps per arm"""
-    batch_size: int = 32
+    top_k: int = 5
+    """behaviour top-k tokens stored per completion token (RePO-top-k)"""
+    steps: int = 32
+    """preference-optimisation steps per arm and grid point (the same budget for every arm)"""
+    batch_size: int = 16
     """pairs per step"""
-    lr: float = 5e-4
-    """AdamW learning rate (the same for every arm)"""
+    lr_grid: tuple[float, ...] = (1e-4, 1e-3)
+    """AdamW learning rates tried for every arm (linear decay, TRL's default schedule)"""
+    beta_grid: tuple[float, ...] = (1.0,)
+    """multipliers of each arm's standard beta (DPO/RPO/IPO 0.1, SimPO 2, RePO's alpha 0.1) tried for every arm
+    that has one; the NLL-only arm has none"""
+    val_prompts: int = 100
+    """validation prompts (disjoint from the test prompts) on which each arm's grid point is chosen"""
     eval_prompts: int = 300
-    """held-out prompts for greedy accuracy"""
-    eval_every: int = 40
-    """accuracy curve resolution (0: final only)"""
+    """held-out test prompts for greedy accuracy"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(n_pairs=96, steps=20, eval_prompts=60, eval_every=10),
+    "smoke": Config(n_pairs=48, steps=2, lr_grid=(5e-4,), val_prompts=16, eval_prompts=24),
     "quick": Config(),
-    "full": Config(n_pairs=1000, steps=400, eval_prompts=1000, eval_every=50),
+    "full": Config(
+        n_pairs=800,
+        beta_grid=(1.0, 3.0),
+        val_prompts=150,
+        eval_prompts=600,
+    ),
 }
 
 
@@ -102,17 +131,33 @@ def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
     task = AdditionChain(cfg.terms, cfg.max_value)
     models = []
     for role, steps, noise in zip(("pi0", "mu_strong", "mu_weak"), cfg.sft_steps, cfg.sft_noise, strict=True):
-        key = {"paper": "regret_po", "role": role, "task": [task.name, cfg.terms, cfg.max_value], "steps": steps,
-               "noise": noise, "hidden": cfg.hidden, "seed": cfg.lab_seed}
+        key = {
+            "paper": "regret_po",
+            "role": role,
+            "task": [task.name, cfg.terms, cfg.max_value],
+            "steps": steps,
+            "noise": noise,
+            "hidden": cfg.hidden,
+            "seed": cfg.lab_seed,
+        }
 
         def build(steps: int = steps, noise: float = noise, role: str = role) -> tuple[Any, Any]:
             tok = char_tokenizer()
             rng = np.random.default_rng([cfg.lab_seed, len(role)])
             examples = [task.sample(rng) for _ in range(3000)]
             comps = [task.noisy_completion(e, rng, noise) for e in examples]
-            model = tiny_causal_lm(len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden,
-                                   seed=cfg.lab_seed)
-            sft(model, tok, [e.prompt for e in examples], comps, steps=steps, seed=cfg.lab_seed, desc=f"sft {role}")
+            model = tiny_causal_lm(
+                len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
+            )
+            sft(
+                model,
+                tok,
+                [e.prompt for e in examples],
+                comps,
+                steps=steps,
+                seed=cfg.lab_seed,
+                desc=f"sft {role}",
+            )
             return model, tok
 
         model, tok = cached(key, build)
@@ -120,42 +165,45 @@ def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
     return (tok, *models)
 
 
-def correctness(model: Any, tok: Any, task: Task, prompts: list[str], max_new_tokens: int = 16) -> list[float]:
+def correctness(
+    model: Any, tok: Any, task: Task, prompts: list[str], max_new_tokens: int = 16
+) -> list[float]:
     """Per-prompt greedy correctness (1.0 / 0.0, in the order of ``prompts``); its mean is ``tiny_lm.accuracy``."""
     completions = generate(model, tok, prompts, max_new_tokens=max_new_tokens)
     return [float(task.reward(p, c)) for p, c in zip(prompts, completions, strict=True)]
 
 
-def _values_at(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:
-    """Place each row's per-completion-token values at its mask positions (a (B, T) tensor, zeros elsewhere)."""
-    out = torch.zeros(mask.shape)
-    for i, row in enumerate(values):
-        idx = torch.nonzero(mask[i] > 0).ravel()
-        if len(idx) != len(row):
-            raise ValueError(f"row {i}: {len(row)} behaviour log-probs for {len(idx)} completion tokens")
-        out[i, idx] = torch.tensor(row, dtype=out.dtype)
-    return out
+def _sample(
+    model: Any, tok: Any, prompts: list[str], seed: int, top_k: int
+) -> tuple[list[str], list[list[float]], list[list[list[int]]], list[list[list[float]]]]:
+    """Sampled completions (temperature 1), their per-token log-probs under the sampling model (EOS included), and
+    the sampling model's top-k token ids and log-probs at each completion position."""
+    from .trainer import behavior_logps_of
 
-
-def _sample(model: Any, tok: Any, prompts: list[str], seed: int) -> tuple[list[str], list[list[float]]]:
-    """Sampled completions (temperature 1) and their per-token log-probs under the sampling model (EOS included)."""
     completions = generate(model, tok, prompts, max_new_tokens=24, temperature=1.0, seed=seed)
     batch = completion_batch(tok, prompts, [c if c else "?" for c in completions])
-    with torch.no_grad():
-        logps, mask = completion_logps(model, batch)
-    return completions, [row[m.bool()].tolist() for row, m in zip(logps, mask, strict=True)]
+    rows, ids, vals = behavior_logps_of(model, batch, top_k)
+    return completions, rows, ids, vals
 
 
 def preference_data(cfg: Config, tok: Any, mu_s: Any, mu_w: Any, n: int, seed: int) -> dict[str, list[Any]]:
-    """Pairs (mu_s response, mu_w response) labelled by a Bradley-Terry draw on the oracle regret."""
+    """Pairs (mu_s response, mu_w response) labelled by a Bradley-Terry draw on the oracle regret, in TRL's
+    preference format plus each side's behaviour log-probs and top-k (``RegretPOTrainer`` columns)."""
     task = AdditionChain(cfg.terms, cfg.max_value)
     rng = np.random.default_rng(seed)
     prompts = [task.sample(rng).prompt for _ in range(n)]
-    ys, bs = _sample(mu_s, tok, prompts, seed + 1)
-    yw, bw = _sample(mu_w, tok, prompts, seed + 2)
-    out: dict[str, list[Any]] = {"prompt": [], "chosen": [], "rejected": [], "b_chosen": [], "b_rejected": []}
+    strong = _sample(mu_s, tok, prompts, seed + 1, cfg.top_k)
+    weak = _sample(mu_w, tok, prompts, seed + 2, cfg.top_k)
+    cols = ("behavior_logps", "behavior_topk_ids", "behavior_topk_logps")
+    out: dict[str, list[Any]] = {
+        "prompt": [],
+        "chosen": [],
+        "rejected": [],
+        **{f"{side}_{c}": [] for side in ("chosen", "rejected") for c in cols},
+    }
     steps = cfg.terms - 1
-    for p, a, ba, b, bb in zip(prompts, ys, bs, yw, bw, strict=True):
+    for i, p in enumerate(prompts):
+        a, b = strong[0][i], weak[0][i]
         if not a or not b or a == b:
             continue
         # $$\mathrm{regret}(y) = \#\text{wrong scratchpad steps} / \#\text{steps}$$ (exact: the optimum is known)
@@ -164,119 +212,161 @@ def preference_data(cfg: Config, tok: Any, mu_s: Any, mu_w: Any, n: int, seed: i
             continue
         # $$P(y_a \succ y_b) = \sigma(\beta\,(\mathrm{regret}(y_b) - \mathrm{regret}(y_a)))$$
         a_wins = rng.random() < 1.0 / (1.0 + np.exp(-cfg.label_beta * (rb - ra)))
-        (c, bc), (r, br) = ((a, ba), (b, bb)) if a_wins else ((b, bb), (a, ba))
+        win, lose = (strong, weak) if a_wins else (weak, strong)
         out["prompt"].append(p)
-        out["chosen"].append(c)
-        out["rejected"].append(r)
-        out["b_chosen"].append(bc)
-        out["b_rejected"].append(br)
+        out["chosen"].append(win[0][i])
+        out["rejected"].append(lose[0][i])
+        for side, src in (("chosen", win), ("rejected", lose)):
+            for c, values in zip(cols, src[1:], strict=True):
+                out[f"{side}_{c}"].append(values[i])
     return out
 
 
-def _pair_batch(tok: Any, data: dict[str, list[Any]], idx: np.ndarray) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    prompts = [data["prompt"][i] for i in idx]
-    batch = completion_batch(tok, prompts * 2, [data["chosen"][i] for i in idx] + [data["rejected"][i] for i in idx])
-    mask = batch["completion_mask"][:, 1:].float()
-    behavior = _values_at(mask, [data["b_chosen"][i] for i in idx] + [data["b_rejected"][i] for i in idx])
-    return batch, behavior
+def arm_config(arm: str, cfg: Config, lr: float, beta_mult: float, output_dir: str) -> Any:
+    """The ``RegretPOConfig`` of one arm at one grid point (same steps, batch, schedule and seed for every arm)."""
+    from .trainer import RegretPOConfig
+
+    kind, variant, sft_coef, beta = ARM_SPECS[arm]
+    scale = beta * beta_mult
+    return RegretPOConfig(
+        output_dir=output_dir,
+        max_steps=cfg.steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=lr,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=10**6,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        loss_kind=kind,
+        sft_coef=sft_coef,
+        beta=scale if kind in ("dpo", "ipo", "simpo") else 0.1,
+        alpha=scale if kind == "repo" else 0.1,
+        deterministic=variant == "det",
+        topk=variant == "topk",
+    )
 
 
-def arm_loss(arm: str, policy: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, behavior: torch.Tensor
-             ) -> torch.Tensor:
-    """Each arm's loss with its standard hyper-parameters (DPO/RPO/IPO beta 0.1, SimPO beta 2, gamma 1;
-    RePO's official alpha 0.1, lambda 1, c_ref 1, c_sft 1)."""
-    if arm == "dpo":
-        return dpo_loss(policy, ref, mask, beta=0.1)
-    if arm == "rpo":
-        return dpo_loss(policy, ref, mask, beta=0.1, sft_coef=1.0)
-    if arm == "ipo":
-        return ipo_loss(policy, ref, mask, beta=0.1)
-    if arm == "simpo":
-        return simpo_loss(policy, mask, beta=2.0, gamma=1.0)
-    if arm == "repo":
-        return RegretPOLoss()(policy, ref, mask, behavior)[0]
-    if arm == "repo_det":
-        return RegretPOLoss(deterministic=True)(policy, ref, mask)[0]
-    raise ValueError(f"unknown arm {arm!r}")
+def train_arm(arm: str, cfg: Config, lr: float, beta_mult: float, tok: Any, pi0: Any, dataset: Any) -> Any:
+    """Preference-optimise a copy of pi_0 with ``RegretPOTrainer`` on ``dataset`` (TRL's preference format plus the
+    behaviour columns); return the trained policy."""
+    import tempfile
+
+    from .trainer import RegretPOTrainer
+
+    with tempfile.TemporaryDirectory(prefix="regret_po_") as out_dir:
+        # fresh copies of pi_0 for the policy and the reference: TRL freezes the reference and re-binds its
+        # ``forward`` in place, so a model once passed to a trainer must not be copied again (its copy would still
+        # run the original's forward)
+        policy, ref = copy.deepcopy(pi0).train(), copy.deepcopy(pi0).eval()
+        trainer = RegretPOTrainer(
+            policy,
+            ref_model=ref,
+            args=arm_config(arm, cfg, lr, beta_mult, out_dir),
+            train_dataset=dataset,
+            processing_class=tok,
+        )
+        with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its final logs
+            trainer.train()
+        final = [h["train_loss"] for h in trainer.state.log_history if "train_loss" in h]
+        if final and not np.isfinite(final[-1]):
+            raise FloatingPointError(f"{arm}: mean training loss {final[-1]}")
+        return trainer.model.eval()
 
 
-@torch.no_grad()
-def pair_accuracy(policy: Any, ref: Any, tok: Any, data: dict[str, list[Any]]) -> float:
-    """Share of labelled pairs where the implicit reward (mean log-ratio to the reference) prefers the chosen."""
-    idx = np.arange(len(data["prompt"]))
-    batch, _ = _pair_batch(tok, data, idx)
-    lp, mask = completion_logps(policy, batch)
-    lr, _ = completion_logps(ref, batch)
-    h = ((lp - lr) * mask).sum(-1) / mask.sum(-1)
-    win, lose = h.chunk(2)
-    return float((win > lose).float().mean())
-
-
-def train_arm(arm: str, cfg: Config, tok: Any, pi0: Any, data: dict[str, list[Any]], eval_prompts: list[str]
-              ) -> tuple[Any, list[tuple[int, float]]]:
-    """Preference-optimise a copy of pi_0 with ``arm``'s loss; return it and its accuracy curve."""
-    task = AdditionChain(cfg.terms, cfg.max_value)
-    policy = copy.deepcopy(pi0).train()
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    order = np.random.default_rng(cfg.seed + 7)
-    n = len(data["prompt"])
-    curve = []
-    for step in range(1, cfg.steps + 1):
-        idx = order.integers(0, n, size=min(cfg.batch_size, n))
-        batch, behavior = _pair_batch(tok, data, idx)
-        logps, mask = completion_logps(policy, batch)
-        with torch.no_grad():
-            ref, _ = completion_logps(pi0, batch)
-        loss = arm_loss(arm, logps, ref, mask, behavior)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{arm}: loss {float(loss)} at step {step}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if cfg.eval_every and step % cfg.eval_every == 0:
-            curve.append((step, accuracy(policy, tok, task, eval_prompts[:100], max_new_tokens=16)))
-            policy.train()
-    return policy.eval(), curve
+def grid_points(arm: str, cfg: Config) -> list[tuple[float, float]]:
+    """(learning rate, beta multiplier) pairs tried for ``arm``: the NLL-only arm has no beta."""
+    betas = (1.0,) if ARM_SPECS[arm][0] == "nll" else cfg.beta_grid
+    return [(lr, b) for lr in cfg.lr_grid for b in betas]
 
 
 def run(cfg: Config) -> SeedRun:
-    """One seed: fresh pairs, every arm from the same start, held-out accuracy per prompt."""
+    """One seed: fresh pairs; each arm tuned on validation prompts over the same grid; test accuracy per prompt."""
+    import datasets
+
+    from ..common.tiny_lm import _quiet_transformers
+
+    _quiet_transformers()
+    datasets.disable_progress_bars()
     tok, pi0, mu_s, mu_w = lab_models(cfg)
     task = AdditionChain(cfg.terms, cfg.max_value)
     data = preference_data(cfg, tok, mu_s, mu_w, cfg.n_pairs, seed=10_000 * (cfg.seed + 1))
-    held_out = preference_data(cfg, tok, mu_s, mu_w, max(cfg.n_pairs // 4, 16), seed=10_000 * (cfg.seed + 1) + 5000)
+    dataset = datasets.Dataset.from_dict(data)
     rng = np.random.default_rng(20_000 + cfg.seed)
     eval_prompts = [task.sample(rng).prompt for _ in range(cfg.eval_prompts)]
+    val_rng = np.random.default_rng(30_000 + cfg.seed)
+    val_prompts = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
     n_pairs = float(len(data["prompt"]))
     # per-prompt 0/1 correctness, the same eval_prompts in the same order for every arm (paired by index)
     per_prompt: dict[str, dict[str, list[float]]] = {
-        "sft": {"accuracy": correctness(pi0, tok, task, eval_prompts),
-                "mu_strong_accuracy": correctness(mu_s, tok, task, eval_prompts),
-                "mu_weak_accuracy": correctness(mu_w, tok, task, eval_prompts)}}
+        "sft": {"accuracy": correctness(pi0, tok, task, eval_prompts)},
+        "mu_strong": {"accuracy": correctness(mu_s, tok, task, eval_prompts)},
+        "mu_weak": {"accuracy": correctness(mu_w, tok, task, eval_prompts)},
+    }
     metrics: dict[str, dict[str, float]] = {
-        "sft": {"pair_accuracy": pair_accuracy(pi0, pi0, tok, held_out), "pairs": n_pairs}}
-    curves = {}
-    for arm in progress(ARMS, desc=f"regret_po seed {cfg.seed}"):
+        "sft": {"val_accuracy": float(np.mean(correctness(pi0, tok, task, val_prompts))), "pairs": n_pairs}
+    }
+    grid: dict[str, list[dict[str, float]]] = {}
+    points = [(arm, lr, b) for arm in ARMS for lr, b in grid_points(arm, cfg)]
+    best: dict[str, tuple[float, Any, float, float]] = {}
+    for arm, lr, b in progress(points, desc=f"regret_po seed {cfg.seed}"):
         torch.manual_seed(cfg.seed)
-        policy, curve = train_arm(arm, cfg, tok, pi0, data, eval_prompts)
+        policy = train_arm(arm, cfg, lr, b, tok, pi0, dataset)
+        val = float(np.mean(correctness(policy, tok, task, val_prompts)))
+        grid.setdefault(arm, []).append({"lr": lr, "beta_mult": b, "val_accuracy": val})
+        if arm not in best or val > best[arm][0]:  # ties keep the earlier (smaller) learning rate
+            best[arm] = (val, policy, lr, b)
+    for arm in ARMS:
+        val, policy, lr, b = best[arm]
         per_prompt[arm] = {"accuracy": correctness(policy, tok, task, eval_prompts)}
-        metrics[arm] = {"pair_accuracy": pair_accuracy(policy, pi0, tok, held_out), "pairs": n_pairs}
-        curves[arm] = curve
-    sft_acc = float(np.mean(per_prompt["sft"]["accuracy"]))
-    return SeedRun(metrics, series={"curves": curves, "sft": sft_acc}, units={"prompts": per_prompt})
+        metrics[arm] = {"val_accuracy": val, "lr": lr, "beta_mult": b, "pairs": n_pairs}
+    # the best RePO variant (with the NLL term), chosen on the validation prompts only
+    chosen = max(REPO_VARIANTS, key=lambda a: (best[a][0], -REPO_VARIANTS.index(a)))
+    per_prompt["repo_best"] = dict(per_prompt[chosen])
+    metrics["repo_best"] = {**metrics[chosen], "variant": float(REPO_VARIANTS.index(chosen))}
+    return SeedRun(
+        metrics,
+        series={
+            "grid": grid,
+            "repo_best": chosen,
+            "lr_grid": list(cfg.lr_grid),
+            "beta_grid": list(cfg.beta_grid),
+        },
+        units={"prompts": per_prompt},
+    )
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Held-out accuracy (100 prompts) against preference-optimisation steps, mean over seeds."""
+    """Test accuracy of every tuned arm (mean over seeds) beside the SFT start and the strong behaviour policy; and
+    every grid point's validation accuracy (mean over seeds), the numbers each arm's choice was made on."""
     fig, ax = new_figure()
-    for arm in ARMS:
-        curves = [r.series["curves"][arm] for r in runs if r.series["curves"].get(arm)]
-        if not curves:
-            continue
-        steps = [s for s, _ in curves[0]]
-        ax.plot([0, *steps], [np.mean([r.series["sft"] for r in runs]),
-                              *np.mean([[a for _, a in c] for c in curves], axis=0)], marker="o", label=arm)
-    ax.set_xlabel("preference-optimisation step")
-    ax.set_ylabel("greedy accuracy (held-out prompts)")
+    arms = ["sft", "mu_strong", *ARMS, "repo_best"]
+    means = [float(np.mean([np.mean(r.units["prompts"][a]["accuracy"]) for r in runs])) for a in arms]
+    ax.barh(range(len(arms)), means, color=["grey", "grey", *["C0"] * len(ARMS), "C3"])
+    ax.set_yticks(range(len(arms)), arms, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("greedy accuracy (held-out test prompts), tuned on validation prompts")
+    paths = [save_figure(fig, out_dir / f"{result['mode']}_tuned_accuracy.png")]
+    fig, ax = new_figure()
+    points = [(g["lr"], g["beta_mult"]) for g in runs[0].series["grid"][ARMS[1]]]
+    for lr, b in points:
+
+        def val(run: SeedRun, arm: str, lr: float = lr, b: float = b) -> float:
+            # the NLL-only arm has no beta: its point at this learning rate
+            return next(
+                g["val_accuracy"]
+                for g in run.series["grid"][arm]
+                if g["lr"] == lr and (g["beta_mult"] == b or ARM_SPECS[arm][0] == "nll")
+            )
+
+        vals = [float(np.mean([val(r, a) for r in runs])) for a in ARMS]
+        ax.plot(vals, range(len(ARMS)), marker="o", linestyle="", label=f"lr {lr:g}, beta x{b:g}")
+    ax.set_yticks(range(len(ARMS)), list(ARMS), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("validation accuracy per grid point")
     ax.legend(fontsize=7)
-    return [save_figure(fig, out_dir / f"{result['mode']}_accuracy_vs_steps.png")]
+    paths.append(save_figure(fig, out_dir / f"{result['mode']}_grid.png"))
+    return paths

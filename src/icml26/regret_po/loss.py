@@ -10,8 +10,18 @@ b_t = log mu(y_t | x, y_<t) under the behaviour policy mu that generated y, and 
     R(y)  = alpha (S(y) - c_ref Sref(y))
     L     = -log sigmoid(R(y_w) - lambda R(y_l)) + c_sft NLL(y_w)
 
-RePO_det (the behaviour-free variant) sets b_t = 0. Rows of every (2B, T) tensor are ordered
-[chosen; rejected]; ``mask`` marks completion tokens (right padding allowed).
+RePO_det (the behaviour-free variant) sets b_t = 0. Summed over t, the tail term of the sampled variant is
+S(y) = (1/T) sum_s (1 + w_s) l_s - (1/T) sum_s w_s b_s with w_s = sum_{t<=s} 1/(T-t+1): the behaviour
+log-probs b_s only add a per-sequence constant, so RePO and RePO_det have the same gradient.
+
+RePO-top-k (the official ``RePO_Loss_topk``, reconstructed) replaces the one-sample estimate b_s - l_s by the
+KL between the behaviour policy and pi_theta over mu's top-k tokens V_s at each position:
+
+    d_s   = sum_{v in V_s} mu_s(v) (log mu_s(v) - log pi_theta,s(v))     (exact KL when V_s is the vocabulary)
+    k_t   = 1 / (T - t + 1) * sum_{s = t..T} d_s
+
+so mu enters the gradient token by token. Rows of every (2B, T) tensor are ordered [chosen; rejected]; ``mask``
+marks completion tokens (right padding allowed); top-k tensors are (2B, T, k).
 
 Example:
     >>> import torch
@@ -48,17 +58,46 @@ def _check(name: str, x: Tensor, shape: torch.Size | None = None) -> None:
 
 def tail_term(policy_logps: Tensor, behavior_logps: Tensor, mask: Tensor) -> Tensor:
     """k_t = mean over s >= t (valid tokens only) of (b_s - l_s): a reverse cumulative mean."""
-    diff = (behavior_logps - policy_logps) * mask
+    return reverse_mean(behavior_logps - policy_logps, mask)
+
+
+def topk_kl(policy_topk_logps: Tensor, behavior_topk_logps: Tensor) -> Tensor:
+    """d_s = sum over mu's top-k tokens of mu(v) (log mu(v) - log pi(v)): the truncated KL(mu || pi) per position.
+
+    Args:
+        policy_topk_logps: (2B, T, k) log pi_theta at the behaviour policy's top-k token ids.
+        behavior_topk_logps: (2B, T, k) the behaviour policy's log-probs of those tokens.
+    """
+    # $$d_s = \sum_{v \in V_s} \mu_s(v)\,(\log\mu_s(v) - \log\pi_{\theta,s}(v))$$
+    return (behavior_topk_logps.exp() * (behavior_topk_logps - policy_topk_logps)).sum(-1)
+
+
+def reverse_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """k_t = (1 / (T - t + 1)) sum_{s >= t} values_s over valid tokens (zeros at padding)."""
+    diff = values * mask
     # $$k_t = \frac{1}{T - t + 1} \sum_{s=t}^{T} (b_s - \ell_s)$$
     rev_sum = diff.flip(-1).cumsum(-1).flip(-1)
     remaining = mask.flip(-1).cumsum(-1).flip(-1)
     return torch.where(mask > 0, rev_sum / remaining.clamp(min=1), torch.zeros_like(rev_sum))
 
 
-def sequence_score(policy_logps: Tensor, mask: Tensor, behavior_logps: Tensor | None,
-                   normalization: str = "mean") -> Tensor:
-    """S(y) = normalise_t (l_t - k_t); with ``behavior_logps=None`` the plain normalised log-probability."""
-    per_token = policy_logps if behavior_logps is None else policy_logps - tail_term(policy_logps, behavior_logps, mask)
+def sequence_score(
+    policy_logps: Tensor,
+    mask: Tensor,
+    behavior_logps: Tensor | None,
+    normalization: str = "mean",
+    per_token_kl: Tensor | None = None,
+) -> Tensor:
+    """S(y) = normalise_t (l_t - k_t); with ``behavior_logps=None`` the plain normalised log-probability.
+
+    ``per_token_kl`` (RePO-top-k's d_s, see ``topk_kl``) replaces the one-sample b_s - l_s in the tail term.
+    """
+    if per_token_kl is not None:
+        per_token = policy_logps - reverse_mean(per_token_kl, mask)
+    elif behavior_logps is None:
+        per_token = policy_logps
+    else:
+        per_token = policy_logps - tail_term(policy_logps, behavior_logps, mask)
     total = (per_token * mask).sum(-1)
     if normalization == "sum":
         return total
@@ -76,13 +115,29 @@ class RegretPOLoss(nn.Module):
         sft_coef: c_sft, weight of the chosen response's NLL (official 1.0; the trainer's RPO-style term).
         normalization: ``"mean"`` (official) or ``"sum"`` over completion tokens.
         deterministic: RePO_det, b_t = 0 (needs no behaviour log-probs).
+        topk: RePO-top-k, the tail term from the truncated KL(mu || pi_theta) over mu's top-k tokens (needs
+            ``policy_topk_logps`` and ``behavior_topk_logps`` in ``forward``).
     """
 
-    def __init__(self, alpha: float = 0.1, cpl_lambda: float = 1.0, ref_coef: float = 1.0, sft_coef: float = 1.0,
-                 normalization: str = "mean", deterministic: bool = False):
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        cpl_lambda: float = 1.0,
+        ref_coef: float = 1.0,
+        sft_coef: float = 1.0,
+        normalization: str = "mean",
+        deterministic: bool = False,
+        topk: bool = False,
+    ):
         super().__init__()
-        for name, value in (("alpha", alpha), ("cpl_lambda", cpl_lambda), ("ref_coef", ref_coef),
-                            ("sft_coef", sft_coef)):
+        if deterministic and topk:
+            raise ValueError("deterministic and topk are exclusive variants; set at most one")
+        for name, value in (
+            ("alpha", alpha),
+            ("cpl_lambda", cpl_lambda),
+            ("ref_coef", ref_coef),
+            ("sft_coef", sft_coef),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if alpha <= 0:
@@ -92,17 +147,27 @@ class RegretPOLoss(nn.Module):
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.alpha, self.cpl_lambda, self.ref_coef, self.sft_coef = alpha, cpl_lambda, ref_coef, sft_coef
-        self.normalization, self.deterministic = normalization, deterministic
+        self.normalization, self.deterministic, self.topk = normalization, deterministic, topk
 
-    def forward(self, policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, behavior_logps: Tensor | None = None
-                ) -> tuple[Tensor, dict[str, float]]:
+    def forward(
+        self,
+        policy_logps: Tensor,
+        ref_logps: Tensor,
+        mask: Tensor,
+        behavior_logps: Tensor | None = None,
+        *,
+        policy_topk_logps: Tensor | None = None,
+        behavior_topk_logps: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
         """Mean loss over the B pairs, and statistics (rewards, margin, accuracy, NLL).
 
         Args:
             policy_logps, ref_logps: (2B, T) per-token log-probs, rows [chosen; rejected].
             mask: (2B, T), 1 on completion tokens.
             behavior_logps: (2B, T) log-probs under the policy that generated each response (required unless
-                ``deterministic``).
+                ``deterministic`` or ``topk``).
+            policy_topk_logps, behavior_topk_logps: (2B, T, k) log pi_theta and log mu at mu's top-k token ids
+                (``topk`` only).
         """
         _check("policy_logps", policy_logps)
         _check("ref_logps", ref_logps, policy_logps.shape)
@@ -111,18 +176,48 @@ class RegretPOLoss(nn.Module):
             raise ValueError("policy_logps needs an even number of rows: [chosen; rejected]")
         lengths = mask.sum(-1)
         if (lengths == 0).any():
-            raise ValueError(f"empty responses (no completion token) in rows {torch.nonzero(lengths == 0).ravel().tolist()}")
+            raise ValueError(
+                f"empty responses (no completion token) in rows {torch.nonzero(lengths == 0).ravel().tolist()}"
+            )
         mask = mask.to(policy_logps.dtype)
-        if self.deterministic:
+        kl = None
+        if self.topk:
+            for name, x in (
+                ("policy_topk_logps", policy_topk_logps),
+                ("behavior_topk_logps", behavior_topk_logps),
+            ):
+                if x is None:
+                    raise ValueError(f"RePO-top-k needs {name} (2B, T, k)")
+                if not isinstance(x, Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+                if x.ndim != 3 or x.shape[:2] != policy_logps.shape:
+                    raise ValueError(
+                        f"{name} must be (2B, T, k) with (2B, T) = {tuple(policy_logps.shape)}, "
+                        f"got {tuple(x.shape)}"
+                    )
+                if not torch.isfinite(x).all():
+                    raise ValueError(f"{name} has NaN or Inf entries")
+            if policy_topk_logps.shape != behavior_topk_logps.shape:
+                raise ValueError(
+                    f"policy_topk_logps {tuple(policy_topk_logps.shape)} and behavior_topk_logps "
+                    f"{tuple(behavior_topk_logps.shape)} differ in shape"
+                )
+            kl = topk_kl(policy_topk_logps, behavior_topk_logps.to(policy_topk_logps.dtype)).to(
+                policy_logps.dtype
+            )
+            behavior = None
+        elif self.deterministic:
             # RePO_det: the generation log-prob is taken as log 1 = 0
             behavior = torch.zeros_like(policy_logps)
         else:
             if behavior_logps is None:
-                raise ValueError("RePO needs behavior_logps (the log-probs of the policy that generated each "
-                                 "response); use deterministic=True for plain preference pairs")
+                raise ValueError(
+                    "RePO needs behavior_logps (the log-probs of the policy that generated each "
+                    "response); use deterministic=True for plain preference pairs"
+                )
             _check("behavior_logps", behavior_logps, policy_logps.shape)
             behavior = behavior_logps.to(policy_logps.dtype)
-        score = sequence_score(policy_logps, mask, behavior, self.normalization)
+        score = sequence_score(policy_logps, mask, behavior, self.normalization, per_token_kl=kl)
         ref_score = sequence_score(ref_logps.to(policy_logps.dtype), mask, None, self.normalization)
         # $$R(y) = \alpha\,(S_\theta(y) - c_{ref} S_{ref}(y))$$
         reward = self.alpha * (score - self.ref_coef * ref_score)
@@ -133,15 +228,20 @@ class RegretPOLoss(nn.Module):
         c_mask, _ = mask.chunk(2)
         nll = -(c_logps * c_mask).sum(-1) / c_mask.sum(-1)
         loss = (pref + self.sft_coef * nll).mean()
-        stats = {"rewards_chosen": float(chosen.mean().detach()), "rewards_rejected": float(rejected.mean().detach()),
-                 "reward_margin": float((chosen - rejected).mean().detach()),
-                 "reward_accuracy": float((chosen > rejected).float().mean()), "nll": float(nll.mean().detach())}
+        stats = {
+            "rewards_chosen": float(chosen.mean().detach()),
+            "rewards_rejected": float(rejected.mean().detach()),
+            "reward_margin": float((chosen - rejected).mean().detach()),
+            "reward_accuracy": float((chosen > rejected).float().mean()),
+            "nll": float(nll.mean().detach()),
+        }
         return loss, stats
 
 
 # -------------------------------------------------------------------------------- the baselines' pair losses
-def dpo_loss(policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
-             ) -> Tensor:
+def dpo_loss(
+    policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
+) -> Tensor:
     """DPO (Rafailov et al. 2023): -log sigmoid(beta [(log pi - log ref)(y_w) - (log pi - log ref)(y_l)]);
     ``sft_coef > 0`` adds the chosen NLL (RPO, Pang et al. 2024)."""
     ratio = ((policy_logps - ref_logps) * mask).sum(-1)
@@ -154,15 +254,34 @@ def dpo_loss(policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float 
     return loss.mean()
 
 
-def ipo_loss(policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1) -> Tensor:
-    """IPO (Azar et al. 2024) with TRL's length normalisation: (h_w - h_l - 1 / (2 beta))^2, h = mean log ratio."""
+def chosen_nll(policy_logps: Tensor, mask: Tensor) -> Tensor:
+    """Per-pair mean token NLL of the chosen response (the RPO / RePO ``c_sft`` term), shape (B,)."""
+    c_logps, _ = policy_logps.chunk(2)
+    c_mask, _ = mask.chunk(2)
+    return -(c_logps * c_mask).sum(-1) / c_mask.sum(-1)
+
+
+def ipo_loss(
+    policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
+) -> Tensor:
+    """IPO (Azar et al. 2024) with TRL's length normalisation: (h_w - h_l - 1 / (2 beta))^2, h = mean log ratio;
+    ``sft_coef > 0`` adds the chosen NLL."""
     h = ((policy_logps - ref_logps) * mask).sum(-1) / mask.sum(-1)
     win, lose = h.chunk(2)
-    return ((win - lose - 1.0 / (2.0 * beta)) ** 2).mean()
+    loss = (win - lose - 1.0 / (2.0 * beta)) ** 2
+    if sft_coef:
+        loss = loss + sft_coef * chosen_nll(policy_logps, mask)
+    return loss.mean()
 
 
-def simpo_loss(policy_logps: Tensor, mask: Tensor, beta: float = 2.0, gamma: float = 1.0) -> Tensor:
-    """SimPO (Meng et al. 2024): -log sigmoid(beta (mean log pi(y_w) - mean log pi(y_l)) - gamma), no reference."""
+def simpo_loss(
+    policy_logps: Tensor, mask: Tensor, beta: float = 2.0, gamma: float = 1.0, sft_coef: float = 0.0
+) -> Tensor:
+    """SimPO (Meng et al. 2024): -log sigmoid(beta (mean log pi(y_w) - mean log pi(y_l)) - gamma), no reference;
+    ``sft_coef > 0`` adds the chosen NLL."""
     s = (policy_logps * mask).sum(-1) / mask.sum(-1)
     win, lose = s.chunk(2)
-    return -F.logsigmoid(beta * (win - lose) - gamma).mean()
+    loss = -F.logsigmoid(beta * (win - lose) - gamma)
+    if sft_coef:
+        loss = loss + sft_coef * chosen_nll(policy_logps, mask)
+    return loss.mean()

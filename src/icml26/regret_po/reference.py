@@ -11,7 +11,9 @@ import math
 from collections.abc import Sequence
 
 
-def repo_score(logps: Sequence[float], behavior: Sequence[float] | None, normalization: str = "mean") -> float:
+def repo_score(
+    logps: Sequence[float], behavior: Sequence[float] | None, normalization: str = "mean"
+) -> float:
     """S(y) = normalise_t (l_t - k_t), k_t = (1 / (T - t + 1)) sum_{s >= t} (b_s - l_s); b = 0 if None."""
     T = len(logps)
     b = [0.0] * T if behavior is None else list(behavior)
@@ -22,11 +24,61 @@ def repo_score(logps: Sequence[float], behavior: Sequence[float] | None, normali
     return sum(r) / T if normalization == "mean" else sum(r)
 
 
-def repo_pair_loss(l_w: Sequence[float], l_l: Sequence[float], ref_w: Sequence[float], ref_l: Sequence[float],
-                   b_w: Sequence[float] | None, b_l: Sequence[float] | None, *, alpha: float = 0.1,
-                   cpl_lambda: float = 1.0, ref_coef: float = 1.0, sft_coef: float = 1.0,
-                   normalization: str = "mean") -> float:
+def repo_topk_score(
+    logps: Sequence[float],
+    policy_topk: Sequence[Sequence[float]],
+    behavior_topk: Sequence[Sequence[float]],
+    normalization: str = "mean",
+) -> float:
+    """RePO-top-k: S(y) = normalise_t (l_t - k_t), k_t = (1 / (T - t + 1)) sum_{s >= t} d_s,
+    d_s = sum_j exp(m_sj) (m_sj - p_sj) over the behaviour policy's top-k tokens (m: log mu, p: log pi)."""
+    T = len(logps)
+    d = [
+        sum(math.exp(m) * (m - p) for m, p in zip(behavior_topk[s], policy_topk[s], strict=True))
+        for s in range(T)
+    ]
+    r = [logps[t] - sum(d[t:]) / (T - t) for t in range(T)]
+    return sum(r) / T if normalization == "mean" else sum(r)
+
+
+def repo_topk_pair_loss(
+    l_w: Sequence[float],
+    l_l: Sequence[float],
+    ref_w: Sequence[float],
+    ref_l: Sequence[float],
+    p_w: Sequence[Sequence[float]],
+    p_l: Sequence[Sequence[float]],
+    m_w: Sequence[Sequence[float]],
+    m_l: Sequence[Sequence[float]],
+    *,
+    alpha: float = 0.1,
+    cpl_lambda: float = 1.0,
+    ref_coef: float = 1.0,
+    sft_coef: float = 1.0,
+) -> float:
+    """RePO-top-k's loss for one pair (mean normalisation): as ``repo_pair_loss`` with ``repo_topk_score``."""
+    R_w = alpha * (repo_topk_score(l_w, p_w, m_w) - ref_coef * sum(ref_w) / len(ref_w))
+    R_l = alpha * (repo_topk_score(l_l, p_l, m_l) - ref_coef * sum(ref_l) / len(ref_l))
+    z = R_w - cpl_lambda * R_l
+    return math.log1p(math.exp(-z)) + sft_coef * (-sum(l_w) / len(l_w))
+
+
+def repo_pair_loss(
+    l_w: Sequence[float],
+    l_l: Sequence[float],
+    ref_w: Sequence[float],
+    ref_l: Sequence[float],
+    b_w: Sequence[float] | None,
+    b_l: Sequence[float] | None,
+    *,
+    alpha: float = 0.1,
+    cpl_lambda: float = 1.0,
+    ref_coef: float = 1.0,
+    sft_coef: float = 1.0,
+    normalization: str = "mean",
+) -> float:
     """-log sigmoid(R_w - lambda R_l) + c_sft * mean NLL(y_w), R = alpha (S - c_ref mean/sum of ref log-probs)."""
+
     def ref_score(v: Sequence[float]) -> float:
         return sum(v) / len(v) if normalization == "mean" else sum(v)
 
