@@ -21,21 +21,29 @@ from icml26.common.bench import bench_row, write_bench
 from icml26.gcpa import GCPA, GeneralizedProcrustes, MultiviewCCA
 
 #: each of our arms and the peer it is compared with (the same objective where there is one)
-BASELINES = {"icml26 GeneralizedProcrustes": "cca-zoo GCCA", "icml26 GCPA": "cca-zoo GCCA",
-             "icml26 MultiviewCCA maxvar": "cca-zoo GCCA", "icml26 MultiviewCCA sumcor": "cca-zoo MCCA"}
+BASELINES = {
+    "icml26 GeneralizedProcrustes": "cca-zoo GCCA",
+    "icml26 GCPA": "cca-zoo GCCA",
+    "icml26 MultiviewCCA maxvar": "cca-zoo GCCA",
+    "icml26 MultiviewCCA sumcor": "cca-zoo MCCA",
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--out", default="results", help="results root; the JSON goes to <out>/gcpa/bench.json")
+    parser.add_argument(
+        "--out", default="results", help="results root; the JSON goes to <out>/gcpa/bench.json"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     threadpool_limits(1)  # one BLAS thread for every arm
     rng = np.random.default_rng(0)
     Z = rng.normal(size=(args.n, 16))
-    views = [Z @ rng.normal(size=(16, d)) + 0.5 * rng.normal(size=(args.n, d)) for d in (64, 80, 96, 112, 128)]
+    views = [
+        Z @ rng.normal(size=(16, d)) + 0.5 * rng.normal(size=(args.n, d)) for d in (64, 80, 96, 112, 128)
+    ]
     k = 32
     arms = {
         "icml26 GeneralizedProcrustes": lambda: GeneralizedProcrustes(k).fit(views),
@@ -58,7 +66,9 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     peer = med.get("cca-zoo GCCA")
-    print(f"M = 5, n = {args.n}, widths 64-128, k = {k}, one BLAS/torch thread, median of {args.rounds} fits\n")
+    print(
+        f"M = 5, n = {args.n}, widths 64-128, k = {k}, one BLAS/torch thread, median of {args.rounds} fits\n"
+    )
     print("| method | fit (s) | vs cca-zoo GCCA |")
     print("|---|---|---|")
     for name, value in med.items():
@@ -67,12 +77,18 @@ def main() -> None:
         print("\nno peer measured: results/gcpa/bench.json is not written")
         return
     # 4 significant digits: the README table shows the values as stored
-    rows = [bench_row(name, base, float(f"{med[name]:.4g}"), float(f"{med[base]:.4g}"), unit="s")
-            for name, base in BASELINES.items()]
-    path = write_bench("gcpa", rows, out_dir=args.out,
-                       conditions=f"M = 5 views, n = {args.n} paired rows, widths 64-128, k = {k} components, "
-                                  "CCA shrinkage 0.1; one BLAS and torch thread; median of "
-                                  f"{args.rounds} fits per arm, arms interleaved in one process")
+    rows = [
+        bench_row(name, base, float(f"{med[name]:.4g}"), float(f"{med[base]:.4g}"), unit="s")
+        for name, base in BASELINES.items()
+    ]
+    path = write_bench(
+        "gcpa",
+        rows,
+        out_dir=args.out,
+        conditions=f"M = 5 views, n = {args.n} paired rows, widths 64-128, k = {k} components, "
+        "CCA shrinkage 0.1; one BLAS and torch thread; median of "
+        f"{args.rounds} fits per arm, arms interleaved in one process",
+    )
     print(f"\nwrote {path}")
 
 

@@ -38,8 +38,9 @@ def test_rotations_are_orthogonal_and_preserve_norms():
     for i, (R, X) in enumerate(zip(model.rotations_, views, strict=True)):
         np.testing.assert_allclose(R.T @ R, np.eye(4), atol=1e-12)
         P = model.preprocess(X, i)
-        np.testing.assert_allclose(np.linalg.norm(model.transform(X, view=i), axis=1), np.linalg.norm(P, axis=1),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            np.linalg.norm(model.transform(X, view=i), axis=1), np.linalg.norm(P, axis=1), rtol=1e-12
+        )
     assert model.n_iter_ < model.max_iter
 
 
@@ -71,11 +72,21 @@ def test_sumcor_eigenvalues_are_one_plus_canonical_correlations():
     _, lam = mcca_sumcor([X, Y], 3, 0.0)
     Cxx, Cyy, Cxy = X.T @ X, Y.T @ Y, X.T @ Y
     isq = lambda C: scipy.linalg.fractional_matrix_power(C, -0.5).real  # noqa: E731
-    np.testing.assert_allclose(lam - 1, np.linalg.svd(isq(Cxx) @ Cxy @ isq(Cyy), compute_uv=False), atol=1e-10)
+    np.testing.assert_allclose(
+        lam - 1, np.linalg.svd(isq(Cxx) @ Cxy @ isq(Cyy), compute_uv=False), atol=1e-10
+    )
 
 
-@pytest.mark.parametrize("make", [lambda: GeneralizedProcrustes(4), lambda: GCPA(4), lambda: MultiviewCCA(4),
-                                  lambda: PairwiseProcrustes(4), lambda: PairwiseCCA(4)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GeneralizedProcrustes(4),
+        lambda: GCPA(4),
+        lambda: MultiviewCCA(4),
+        lambda: PairwiseProcrustes(4),
+        lambda: PairwiseCCA(4),
+    ],
+)
 def test_retrieval_is_invariant_to_rotating_an_input_view(make):
     views = latent_views()
     test = latent_views(seed=0)  # same latent; evaluate on the anchors themselves
@@ -92,10 +103,15 @@ def test_gcpa_uses_one_shared_correction_and_needs_m_maps():
     gcpa = GCPA(n_components=4, reg=1e-2).fit(views)
     gpa = GeneralizedProcrustes(n_components=4).fit(views)
     for i, X in enumerate(views):
-        np.testing.assert_allclose(gcpa.transform(X, view=i), gpa.transform(X, view=i) @ gcpa.correction_,
-                                   atol=1e-10)
+        np.testing.assert_allclose(
+            gcpa.transform(X, view=i), gpa.transform(X, view=i) @ gcpa.correction_, atol=1e-10
+        )
     np.testing.assert_allclose(gcpa.correction_, gcpa.correction_.T, atol=1e-12)
-    assert gcpa.n_maps_ == 4 and PairwiseProcrustes(4).fit(views).n_maps_ == 12 and PairwiseCCA(4).fit(views).n_maps_ == 6
+    assert (
+        gcpa.n_maps_ == 4
+        and PairwiseProcrustes(4).fit(views).n_maps_ == 12
+        and PairwiseCCA(4).fit(views).n_maps_ == 6
+    )
 
 
 def test_add_view_recovers_a_rotated_copy():
@@ -105,7 +121,9 @@ def test_add_view_recovers_a_rotated_copy():
     j = model.add_view(views[0] @ Q)
     assert j == 3 and model.n_views_ == 4
     # equal up to GPA's convergence tolerance (the new view is fitted to the final U, view 0 to the one before)
-    np.testing.assert_allclose(model.transform(views[0] @ Q, view=3), model.transform(views[0], view=0), atol=1e-5)
+    np.testing.assert_allclose(
+        model.transform(views[0] @ Q, view=3), model.transform(views[0], view=0), atol=1e-5
+    )
 
 
 def test_translate_between_isometric_models_is_exact():
@@ -122,16 +140,21 @@ def test_preprocessor_uses_train_statistics_only():
     P = pre.transform(X)
     np.testing.assert_allclose(P.mean(0), 0, atol=1e-12)
     assert np.sqrt(np.mean(np.sum(P**2, axis=1))) == pytest.approx(1.0)
-    np.testing.assert_allclose(pre.transform(X + 1.0), P + (np.ones(6) @ pre.components_) / pre.scale_, atol=1e-12)
+    np.testing.assert_allclose(
+        pre.transform(X + 1.0), P + (np.ones(6) @ pre.components_) / pre.scale_, atol=1e-12
+    )
 
 
-@pytest.mark.parametrize("Xs, err, match", [
-    (np.zeros((5, 3)), TypeError, "list of 2-D arrays"),
-    ([np.zeros((5, 3))], ValueError, "at least 2 views"),
-    ([np.ones((5, 3)), np.ones((6, 3))], ValueError, "same number of rows"),
-    ([np.ones((5, 3)), np.full((5, 3), np.nan)], ValueError, "view 1"),
-    ([np.ones((5, 3)), np.ones(5)], ValueError, "view 1"),
-])
+@pytest.mark.parametrize(
+    "Xs, err, match",
+    [
+        (np.zeros((5, 3)), TypeError, "list of 2-D arrays"),
+        ([np.zeros((5, 3))], ValueError, "at least 2 views"),
+        ([np.ones((5, 3)), np.ones((6, 3))], ValueError, "same number of rows"),
+        ([np.ones((5, 3)), np.full((5, 3), np.nan)], ValueError, "view 1"),
+        ([np.ones((5, 3)), np.ones(5)], ValueError, "view 1"),
+    ],
+)
 def test_bad_views(Xs, err, match):
     with pytest.raises(err, match=match):
         GeneralizedProcrustes().fit(Xs)

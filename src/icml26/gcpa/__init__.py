@@ -8,8 +8,10 @@ isometric universe (one orthogonal map per model), multi-view CCA maximises agre
 universe's directional mismatch with one shared map to get CCA-like retrieval while staying a single universe.
 
 Estimators follow the scikit-learn contract with ``fit(list_of_views)``; ``ConcatenatedViews`` adapts them to a
-single concatenated matrix. Not implemented: the paper's exact GCPA correction (ours is a reconstruction,
-"residual whitening"), robust aggregation, kernel/deep CCA.
+single concatenated matrix. GCPA's ridge is scale-free (gamma = c tr(Sigma_w) / k); the default CCA form is
+generalised CCA (MAXVAR); GPA, GCPA and both CCA forms take a new model after fit (``add_view``). Not
+implemented: the paper's exact GCPA correction (ours is a reconstruction, "residual whitening"), robust
+aggregation, kernel/deep CCA.
 """
 
 from .estimators import (
@@ -17,6 +19,7 @@ from .estimators import (
     ConcatenatedViews,
     GeneralizedProcrustes,
     MultiviewCCA,
+    NoAlignment,
     PairwiseCCA,
     PairwiseProcrustes,
     check_views,
@@ -24,6 +27,15 @@ from .estimators import (
 from .metrics import any_to_any_retrieval, geometry_distortion, stitching_accuracy
 
 __all__ = [
-    "GCPA", "ConcatenatedViews", "GeneralizedProcrustes", "MultiviewCCA", "PairwiseCCA", "PairwiseProcrustes",
-    "any_to_any_retrieval", "check_views", "geometry_distortion", "stitching_accuracy",
+    "GCPA",
+    "ConcatenatedViews",
+    "GeneralizedProcrustes",
+    "MultiviewCCA",
+    "NoAlignment",
+    "PairwiseCCA",
+    "PairwiseProcrustes",
+    "any_to_any_retrieval",
+    "check_views",
+    "geometry_distortion",
+    "stitching_accuracy",
 ]

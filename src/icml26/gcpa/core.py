@@ -5,7 +5,8 @@
   statistics from the training anchors only.
 - ``generalized_procrustes``: GPA, alternating Omega_m = Procrustes(X_m, U) and U = mean_m X_m Omega_m.
 - ``residual_whitening``: the GCPA correction W = (Sigma_w + gamma I)^(-1/2) of the shared disagreement
-  covariance Sigma_w = 1/(M N) sum_m E_m^T E_m, E_m = X_m Omega_m - U (a reconstruction; see the README).
+  covariance Sigma_w = 1/(M N) sum_m E_m^T E_m, E_m = X_m Omega_m - U (a reconstruction; see the README), with
+  the scale-free ridge gamma = c tr(Sigma_w) / k by default (``relative_gamma``).
 - ``mcca_sumcor`` / ``gcca_maxvar``: multi-view CCA as a generalised eigenproblem (SUMCOR) and as the
   MAXVAR eigenproblem, both with ridge regularisation.
 
@@ -52,8 +53,9 @@ class ViewPreprocessor:
     def fit(cls, X: np.ndarray, k: int) -> ViewPreprocessor:
         mean = X.mean(axis=0)
         centred = X - mean
-        _, _, vt = np.linalg.svd(centred, full_matrices=False)
-        components = vt[:k].T
+        # principal directions: the top-k eigenvectors of the scatter matrix (d x d; cheaper than an SVD of X)
+        lam, vecs = np.linalg.eigh(centred.T @ centred)
+        components = vecs[:, np.argsort(lam)[::-1][:k]]
         # sign convention: the largest-magnitude loading of each component is positive (determinism)
         signs = np.sign(components[np.abs(components).argmax(axis=0), np.arange(components.shape[1])])
         components = components * np.where(signs == 0, 1.0, signs)
@@ -65,8 +67,9 @@ class ViewPreprocessor:
         return (X - self.mean_) @ self.components_ / self.scale_
 
 
-def generalized_procrustes(Xs: Sequence[np.ndarray], *, max_iter: int = 200, tol: float = 1e-6
-                           ) -> tuple[list[np.ndarray], np.ndarray, int]:
+def generalized_procrustes(
+    Xs: Sequence[np.ndarray], *, max_iter: int = 200, tol: float = 1e-6
+) -> tuple[list[np.ndarray], np.ndarray, int]:
     """GPA on equal-width views: rotations Omega_m, the consensus U, and the iterations used.
 
     Minimises sum_m ||X_m Omega_m - U||_F^2 over orthogonal Omega_m and U, starting from U = X_1. Every
@@ -98,13 +101,44 @@ def inverse_sqrt_psd(S: np.ndarray, reg: float) -> np.ndarray:
     return (Q / np.sqrt(lam)) @ Q.T
 
 
-def residual_whitening(aligned: Sequence[np.ndarray], U: np.ndarray, reg: float) -> np.ndarray:
-    """The GCPA correction: W = (Sigma_w + reg I)^(-1/2), Sigma_w the pooled residual covariance."""
+def residual_covariance(aligned: Sequence[np.ndarray], U: np.ndarray) -> np.ndarray:
+    """Sigma_w = 1/(M N) sum_m (X_m Omega_m - U)^T (X_m Omega_m - U): the models' pooled disagreement."""
     M, N = len(aligned), U.shape[0]
     # $$\Sigma_w = \frac{1}{MN} \sum_m (X_m\Omega_m - U)^\top (X_m\Omega_m - U)$$
-    sigma_w = sum((Z - U).T @ (Z - U) for Z in aligned) / (M * N)
+    return sum((Z - U).T @ (Z - U) for Z in aligned) / (M * N)
+
+
+def relative_gamma(sigma_w: np.ndarray, c: float) -> float:
+    """The scale-free ridge gamma = c tr(Sigma_w) / k: ``c`` times the mean residual eigenvalue.
+
+    Derivation. W = (Sigma_w + gamma I)^(-1/2) multiplies residual eigendirection i (eigenvalue lambda_i) by
+    (lambda_i + gamma)^(-1/2). An absolute gamma makes that gain depend on the preprocessing's scale: rescale
+    every view by s and lambda_i becomes s^2 lambda_i, so a fixed gamma is negligible for large s (every
+    near-null noise direction is blown up) and dominant for small s (W ~ I, no correction). With
+    gamma = c lambda_bar, lambda_bar = tr(Sigma_w) / k, the gains become (lambda_bar)^(-1/2) (lambda_i / lambda_bar
+    + c)^(-1/2): up to one global factor, which no cosine or distance ratio sees, they depend only on the
+    eigenvalue ratios lambda_i / lambda_bar, and the largest boost of a noise direction relative to the mean one
+    is bounded by sqrt((1 + c) / c) whatever the scale. c = 1 caps it at sqrt(2).
+    """
+    k = sigma_w.shape[0]
+    # $$\gamma = c \, \mathrm{tr}(\Sigma_w) / k$$
+    return float(c * np.trace(sigma_w) / k)
+
+
+def residual_whitening(
+    aligned: Sequence[np.ndarray], U: np.ndarray, reg: float, *, relative: bool = True
+) -> tuple[np.ndarray, float]:
+    """The GCPA correction W = (Sigma_w + gamma I)^(-1/2) and the gamma used.
+
+    ``relative=True`` (default): gamma = reg tr(Sigma_w) / k (scale-free, ``relative_gamma``); ``False``:
+    gamma = reg (the absolute ridge of the first version, whose effect depends on the preprocessing's scale).
+    """
+    sigma_w = residual_covariance(aligned, U)
+    gamma = relative_gamma(sigma_w, reg) if relative else float(reg)
+    if not gamma > 0:  # identical views: no disagreement to correct
+        gamma = float(reg) if reg > 0 else 1.0
     # $$W = (\Sigma_w + \gamma I)^{-1/2}$$
-    return inverse_sqrt_psd(sigma_w, reg)
+    return inverse_sqrt_psd(sigma_w, gamma), gamma
 
 
 def _ridge(C: np.ndarray, reg: float) -> np.ndarray:
@@ -113,7 +147,9 @@ def _ridge(C: np.ndarray, reg: float) -> np.ndarray:
     return (1.0 - reg) * C + reg * (np.trace(C) / d) * np.eye(d)
 
 
-def mcca_sumcor(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tuple[list[np.ndarray], np.ndarray]:
+def mcca_sumcor(
+    Xs: Sequence[np.ndarray], n_components: int, reg: float
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Multi-view CCA (SUMCOR): the top generalised eigenvectors of C w = lambda D w.
 
     C is the covariance of the concatenated centred views, D its block diagonal with ridge shrinkage ``reg``.
@@ -136,11 +172,14 @@ def mcca_sumcor(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tupl
     return [vecs[a:b] for a, b in itertools.pairwise(offsets)], lam[order]
 
 
-def gcca_maxvar(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tuple[list[np.ndarray], np.ndarray]:
+def gcca_maxvar(
+    Xs: Sequence[np.ndarray], n_components: int, reg: float, *, return_consensus: bool = False
+) -> tuple[list[np.ndarray], np.ndarray] | tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Generalised CCA (MAXVAR): the shared G maximising sum_m tr(G^T P_m G), P_m the ridge projections.
 
     G is the top left singular vectors of [X_1 A_1^(1/2) ... X_M A_M^(1/2)] with A_m = (X_m^T X_m / n)^(-1)
-    (ridge-shrunk); the view weights are W_m = A_m X_m^T G / n. Returns (weights, eigenvalues of sum_m P_m).
+    (ridge-shrunk); the view weights are W_m = A_m X_m^T G / n. Returns (weights, eigenvalues of sum_m P_m),
+    and the consensus G (n x n_components, G^T G = n I) when ``return_consensus``.
     """
     n = Xs[0].shape[0]
     roots, inverses = [], []
@@ -154,5 +193,19 @@ def gcca_maxvar(Xs: Sequence[np.ndarray], n_components: int, reg: float) -> tupl
     Y = np.hstack([X @ r for X, r in zip(Xs, roots, strict=True)]) / np.sqrt(n)
     U, s, _ = np.linalg.svd(Y, full_matrices=False)
     G = U[:, :n_components] * np.sqrt(n)
+    # $$W_m = A_m X_m^\top G / n$$
     weights = [A @ X.T @ G / n for X, A in zip(Xs, inverses, strict=True)]
+    if return_consensus:
+        return weights, s[:n_components] ** 2, G
     return weights, s[:n_components] ** 2
+
+
+def ridge_weights(X: np.ndarray, target: np.ndarray, reg: float) -> np.ndarray:
+    """W = A X^T T / n, A = ((1 - reg) C + reg tr(C)/d I)^(-1), C = X^T X / n: the shrunk regression of T on X.
+
+    MAXVAR's view weights are this regression of the consensus G on each view; a view added after the fit gets
+    the same regression onto the frozen consensus.
+    """
+    n = X.shape[0]
+    C = _ridge(X.T @ X / n, reg)
+    return np.linalg.solve(C, X.T @ target / n)

@@ -6,8 +6,10 @@ to unit RMS row norm with statistics of the training anchors only, then:
 
 - ``GeneralizedProcrustes``: orthogonal maps Omega_m to a shared consensus U (one map per model; a new model is
   added with one Procrustes fit to the frozen U, ``add_view``);
-- ``GCPA``: the GPA universe followed by a shared correction W of directional mismatch, Z_m = X_m Omega_m W;
-- ``MultiviewCCA``: SUMCOR multi-view CCA (or MAXVAR GCCA) with ridge shrinkage ``reg``;
+- ``GCPA``: the GPA universe followed by a shared correction W of directional mismatch, Z_m = X_m Omega_m W,
+  with a scale-free ridge (gamma = ``reg`` tr(Sigma_w) / k);
+- ``MultiviewCCA``: generalised CCA (MAXVAR, default) or SUMCOR multi-view CCA, with ridge shrinkage ``reg``;
+- ``NoAlignment``: the trivial baseline, each model's preprocessed space as it is;
 - ``PairwiseProcrustes`` / ``PairwiseCCA``: one map per (ordered / unordered) pair of models, the baselines that
   scale quadratically with M.
 
@@ -46,6 +48,7 @@ from .core import (
     mcca_sumcor,
     orthogonal_procrustes,
     residual_whitening,
+    ridge_weights,
 )
 
 
@@ -97,8 +100,14 @@ class _MultiView(TransformerMixin, BaseEstimator):
         if isinstance(view, bool) or not isinstance(view, (int, np.integer)):
             raise TypeError(f"view must be an int, got {type(view).__name__}")
         if not 0 <= view < len(self.preprocessors_):
-            raise ValueError(f"unknown view {view}: this model was fitted on {len(self.preprocessors_)} views")
-        X = check_array(X, dtype=np.float64, ensure_all_finite=True)
+            raise ValueError(
+                f"unknown view {view}: this model was fitted on {len(self.preprocessors_)} views"
+            )
+        if isinstance(X, np.ndarray) and X.dtype == np.float64 and X.ndim == 2 and X.shape[0] > 0:
+            if not np.isfinite(X).all():  # the fast path of check_array (called once per pair in the metrics)
+                raise ValueError(f"X for view {view} contains NaN or infinity")
+        else:
+            X = check_array(X, dtype=np.float64, ensure_all_finite=True)
         expected = self.preprocessors_[view].mean_.shape[0]
         if X.shape[1] != expected:
             raise ValueError(f"view {view} has {expected} features, got X with {X.shape[1]}")
@@ -151,8 +160,9 @@ class GeneralizedProcrustes(_MultiView):
         if not self.tol > 0:
             raise ValueError(f"tol must be > 0, got {self.tol!r}")
         P = self._preprocess(Xs)
-        self.rotations_, self.universe_, self.n_iter_ = generalized_procrustes(P, max_iter=self.max_iter,
-                                                                                tol=self.tol)
+        self.rotations_, self.universe_, self.n_iter_ = generalized_procrustes(
+            P, max_iter=self.max_iter, tol=self.tol
+        )
         self.n_maps_ = len(self.rotations_)
         self._after_gpa(P)
         return self
@@ -197,44 +207,99 @@ class GCPA(GeneralizedProcrustes):
     """Geometry-Corrected Procrustes Alignment: a GPA universe plus a shared correction of directional mismatch.
 
     The correction (reconstructed; "residual whitening") whitens the pooled within-universe disagreement:
-    W = (Sigma_w + reg I)^(-1/2), Sigma_w = 1/(M N) sum_m (X_m Omega_m - U)^T (X_m Omega_m - U); every model uses
-    the same W, so the universe stays one space and a new model still needs one map.
+    W = (Sigma_w + gamma I)^(-1/2), Sigma_w = 1/(M N) sum_m (X_m Omega_m - U)^T (X_m Omega_m - U); every model uses
+    the same W, so the universe stays one space and a new model still needs one map (``add_view`` keeps W).
+
+    The ridge is scale-free by default: gamma = reg tr(Sigma_w) / k, ``reg`` times the mean residual eigenvalue,
+    so the correction does not depend on how the views were scaled (``core.relative_gamma`` has the derivation);
+    ``reg_scale="absolute"`` gives the first version's gamma = reg.
 
     Args:
         n_components, max_iter, tol: as in ``GeneralizedProcrustes``.
-        reg: ridge gamma of the correction (1e-3 favours retrieval, 1e-2 trades some retrieval for geometry).
+        reg: correction strength c > 0; smaller corrects more (more agreement, more distortion of each model's
+            geometry), larger tends to GPA. Default 1: gamma = the mean residual eigenvalue, which caps the gain
+            of any residual direction over the mean one at sqrt(2).
+        reg_scale: ``"relative"`` (gamma = reg tr(Sigma_w) / k, default) or ``"absolute"`` (gamma = reg).
 
     Attributes:
-        correction_: the (k, k) shared map W; plus GPA's attributes.
+        correction_: the (k, k) shared map W; gamma_: the ridge used; plus GPA's attributes.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> Z = rng.normal(size=(200, 3))
+        >>> views = [Z @ rng.normal(size=(3, 5)) + 0.3 * rng.normal(size=(200, 5)) for _ in range(3)]
+        >>> a = GCPA(n_components=3).fit(views)
+        >>> b = GCPA(n_components=3).fit([100.0 * X for X in views])   # scale-free: the same correction
+        >>> bool(np.allclose(a.correction_, b.correction_))
+        True
     """
 
-    def __init__(self, n_components: int | None = None, max_iter: int = 200, tol: float = 1e-6, reg: float = 1e-3):
+    def __init__(
+        self,
+        n_components: int | None = None,
+        max_iter: int = 200,
+        tol: float = 1e-6,
+        reg: float = 1.0,
+        reg_scale: str = "relative",
+    ):
         super().__init__(n_components, max_iter, tol)
         self.reg = reg
+        self.reg_scale = reg_scale
+
+    def fit(self, Xs: Any, y: Any = None) -> GCPA:
+        if (
+            isinstance(self.reg, bool)
+            or not isinstance(self.reg, (int, float, np.floating))
+            or not self.reg > 0
+            or not np.isfinite(self.reg)
+        ):
+            raise ValueError(f"reg must be a finite number > 0, got {self.reg!r}")
+        if self.reg_scale not in ("relative", "absolute"):
+            raise ValueError(f"reg_scale must be 'relative' or 'absolute', got {self.reg_scale!r}")
+        super().fit(Xs, y)
+        return self
 
     def _after_gpa(self, P: list[np.ndarray]) -> None:
-        if not self.reg > 0:
-            raise ValueError(f"reg must be > 0, got {self.reg!r}")
         aligned = [X @ R for X, R in zip(P, self.rotations_, strict=True)]
-        self.correction_ = residual_whitening(aligned, self.universe_, self.reg)
+        self.correction_, self.gamma_ = residual_whitening(
+            aligned, self.universe_, float(self.reg), relative=self.reg_scale == "relative"
+        )
 
     def _output_map(self) -> np.ndarray | None:
         return self.correction_
 
 
 class MultiviewCCA(_MultiView):
-    """Multi-view CCA: SUMCOR (generalised eigenproblem, default) or MAXVAR GCCA, with ridge shrinkage.
+    """Multi-view CCA: generalised CCA (MAXVAR, default) or SUMCOR, with ridge shrinkage.
+
+    MAXVAR (Carroll 1968; Kettenring 1971) finds a shared consensus G and regresses it on each view: it is the
+    CCA counterpart of GPA's universe (one map per model, a new model regressed onto the frozen G), and it is
+    the stronger of the two forms on all three embedded model sets, so it is the default and the baseline the
+    card compares with. SUMCOR (``method="sumcor"``, the generalised eigenproblem of cca-zoo's ``MCCA``)
+    maximises the sum of pairwise correlations.
 
     Args:
         n_components: common preprocessing dimension and number of canonical components (default: smallest width).
         reg: shrinkage of each view's covariance towards a scaled identity, in [0, 1).
-        method: ``"sumcor"`` or ``"maxvar"``.
+        method: ``"maxvar"`` (default) or ``"sumcor"``.
 
     Attributes:
-        weights_: list of (k, n_components) canonical weights; eigenvalues_.
+        weights_: list of (k, n_components) canonical weights; eigenvalues_; consensus_: the anchors' shared
+        variates (MAXVAR's G; SUMCOR: the mean of the views' variates), onto which ``add_view`` regresses.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> Z = rng.normal(size=(200, 3))
+        >>> views = [Z @ rng.normal(size=(3, 5)) + 0.3 * rng.normal(size=(200, 5)) for _ in range(3)]
+        >>> cca = MultiviewCCA(n_components=3).fit(views)
+        >>> j = cca.add_view(views[0])                  # a copy of view 0 gets view 0's weights
+        >>> bool(np.allclose(cca.transform(views[0], view=j), cca.transform(views[0], view=0)))
+        True
     """
 
-    def __init__(self, n_components: int | None = None, reg: float = 0.1, method: str = "sumcor"):
+    def __init__(self, n_components: int | None = None, reg: float = 0.1, method: str = "maxvar"):
         super().__init__(n_components)
         self.reg = reg
         self.method = method
@@ -245,14 +310,50 @@ class MultiviewCCA(_MultiView):
         if self.method not in ("sumcor", "maxvar"):
             raise ValueError(f"method must be 'sumcor' or 'maxvar', got {self.method!r}")
         P = self._preprocess(Xs)
-        solver = mcca_sumcor if self.method == "sumcor" else gcca_maxvar
-        self.weights_, self.eigenvalues_ = solver(P, self.n_components_, self.reg)
+        if self.method == "maxvar":
+            self.weights_, self.eigenvalues_, self.consensus_ = gcca_maxvar(
+                P, self.n_components_, self.reg, return_consensus=True
+            )
+        else:
+            self.weights_, self.eigenvalues_ = mcca_sumcor(P, self.n_components_, self.reg)
+            self.consensus_ = np.mean([X @ W for X, W in zip(P, self.weights_, strict=True)], axis=0)
         self.n_maps_ = len(self.weights_)
         return self
+
+    def add_view(self, X_new: Any) -> int:
+        """Add a model without refitting: regress the frozen consensus on its anchors; return its view index.
+
+        ``X_new`` must embed the same training anchors, in the same order, as the views given to ``fit``.
+        """
+        check_is_fitted(self, "consensus_")
+        X = check_views([np.zeros((self.n_anchors_, 1)), X_new])[1]
+        if X.shape[1] < self.n_components_:
+            raise ValueError(f"the new view has width {X.shape[1]} < n_components={self.n_components_}")
+        pre = ViewPreprocessor.fit(X, self.n_components_)
+        # $$W_{new} = A_{new} X_{new}^\top G / n$$   (G frozen: one regression)
+        self.weights_.append(ridge_weights(pre.transform(X), self.consensus_, self.reg))
+        self.preprocessors_.append(pre)
+        self.n_features_per_view_.append(X.shape[1])
+        self.n_views_ += 1
+        self.n_maps_ += 1
+        return self.n_views_ - 1
 
     def transform(self, X: Any, view: int = 0) -> np.ndarray:
         """Canonical variates of model ``view``'s rows."""
         return self._check_view(X, view) @ self.weights_[view]
+
+
+class NoAlignment(_MultiView):
+    """Trivial baseline: every model's rows in its own preprocessed space, compared as they are (no map)."""
+
+    def fit(self, Xs: Any, y: Any = None) -> NoAlignment:
+        self._preprocess(Xs)
+        self.n_maps_ = 0
+        return self
+
+    def transform(self, X: Any, view: int = 0) -> np.ndarray:
+        """Model ``view``'s rows after centring, PCA and scaling."""
+        return self._check_view(X, view)
 
 
 class PairwiseProcrustes(_MultiView):
@@ -260,8 +361,9 @@ class PairwiseProcrustes(_MultiView):
 
     def fit(self, Xs: Any, y: Any = None) -> PairwiseProcrustes:
         P = self._preprocess(Xs)
-        self.maps_ = {(a, b): orthogonal_procrustes(P[a], P[b])
-                      for a, b in itertools.permutations(range(len(P)), 2)}
+        self.maps_ = {
+            (a, b): orthogonal_procrustes(P[a], P[b]) for a, b in itertools.permutations(range(len(P)), 2)
+        }
         self.n_maps_ = len(self.maps_)
         return self
 
@@ -330,8 +432,10 @@ class ConcatenatedViews(TransformerMixin, BaseEstimator):
         if isinstance(self.n_views, bool) or not isinstance(self.n_views, int) or self.n_views < 2:
             raise ValueError(f"n_views must be an int >= 2, got {self.n_views!r}")
         if X.shape[1] < self.n_views:
-            raise ValueError(f"X has {X.shape[1]} feature(s) but {self.n_views} views need at least "
-                             f"{self.n_views}; 1 feature(s) cannot be split")
+            raise ValueError(
+                f"X has {X.shape[1]} feature(s) but {self.n_views} views need at least "
+                f"{self.n_views}; 1 feature(s) cannot be split"
+            )
         if X.shape[0] < 2:
             raise ValueError("got 1 sample; alignment needs at least 2 anchors")
         base = self.estimator if self.estimator is not None else GeneralizedProcrustes()
