@@ -25,7 +25,9 @@ def test_effective_rank_matches_the_reference_and_hand_values():
     rng = np.random.default_rng(0)
     C = rng.normal(size=(50, 8)) @ np.diag([5, 4, 3, 2, 1, 0.5, 0.1, 0.01])
     assert effective_rank(torch.tensor(C)) == pytest.approx(roy_vetterli(C), rel=1e-10)
-    assert effective_rank(torch.tensor(C), center=False) == pytest.approx(roy_vetterli(C, center=False), rel=1e-10)
+    assert effective_rank(torch.tensor(C), center=False) == pytest.approx(
+        roy_vetterli(C, center=False), rel=1e-10
+    )
     # a flat spectrum of rank r gives exactly r under every definition
     flat = torch.zeros(10, 6)
     flat[:4, :4] = torch.eye(4)
@@ -33,7 +35,9 @@ def test_effective_rank_matches_the_reference_and_hand_values():
         assert effective_rank(flat, center=False, kind=kind) == pytest.approx(4.0)
     # singular values (2, 1): p = (2/3, 1/3); participation ratio (4 + 1)^2 / (16 + 1); stable rank 5 / 4
     two = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
-    assert effective_rank(two, center=False) == pytest.approx(math.exp(-(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))))
+    assert effective_rank(two, center=False) == pytest.approx(
+        math.exp(-(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3)))
+    )
     assert effective_rank(two, center=False, kind="participation_ratio") == pytest.approx(25 / 17)
     assert effective_rank(two, center=False, kind="stable_rank") == pytest.approx(5 / 4)
 
@@ -126,3 +130,105 @@ def test_callback_records_erank():
     assert cb(1, vq) is None and cb(2, vq) is not None
     assert cb.history[0][0] == 2 and cb.history[0][1] > 1.0
     assert codebook_of(vq) is vq.embed
+
+
+def _simvq_rank_after(weight: float, steps: int = 200, D: int = 16, r: int = 3) -> tuple[float, float]:
+    """SimVQ whose codebook starts inside a random r-dim subspace, fitted to data in that subspace."""
+    torch.manual_seed(0)
+    # rotated: an axis-aligned subspace has no off-diagonal Gram
+    basis = torch.linalg.qr(torch.randn(D, D))[0][:, :r]
+    inner = SimVQQuantizer(128, D)
+    with torch.no_grad():
+        inner.projection.weight.copy_(basis @ basis.T)
+        inner.projection.bias.zero_()
+    quantizer = CodebookRegularizer(inner, weight=weight)
+    opt = torch.optim.Adam(inner.parameters(), lr=1e-2)
+    before = effective_rank(inner.effective_codebook().detach())
+    for _ in range(steps):
+        _, _, loss = quantizer(torch.randn(256, r) @ basis.T)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return before, effective_rank(inner.effective_codebook().detach())
+
+
+@pytest.mark.parametrize("weight", [0.0, 1e-3, 1e-1])
+def test_regulariser_raises_simvq_rank_within_200_steps_and_lambda_0_does_not(weight):
+    before, after = _simvq_rank_after(weight)
+    assert before == pytest.approx(3.0, abs=0.1)
+    # lambda > 0 lifts the collapsed codebook by at least 2 effective dimensions; lambda = 0 leaves it in the
+    # data's 3-dim subspace (the commitment loss alone has no reason to leave it)
+    assert (after - before >= 2.0) == (weight > 0), (weight, before, after)
+
+
+def test_simvq_projection_has_the_official_bias_and_it_is_trained():
+    torch.manual_seed(0)
+    inner = SimVQQuantizer(32, 6)
+    assert inner.projection.bias is not None and SimVQQuantizer(32, 6, bias=False).projection.bias is None
+    torch.testing.assert_close(
+        inner.effective_codebook(), inner.frozen @ inner.projection.weight.T + inner.projection.bias
+    )
+    _, _, loss = inner(torch.randn(10, 6) + 3.0)
+    loss.backward()
+    assert inner.projection.bias.grad.abs().sum() > 0
+
+
+def test_dead_code_restart_follows_the_ema_rule_and_hits_a_batch_vector():
+    torch.manual_seed(0)
+    q = SimVQQuantizer(4, 3, dead_code_threshold=0.5)
+    with torch.no_grad():
+        q.frozen.copy_(torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 50]]))
+        q.projection.weight.copy_(torch.eye(3) * 2)
+        q.projection.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    z = torch.zeros(4, 3)  # every vector goes to code 0; codes 1-3 are never chosen
+    # cluster sizes start at 1 and decay by 0.8 per batch: 0.8^3 = 0.512 >= 0.5 keeps them, 0.8^4 = 0.41 does not
+    for _ in range(3):
+        q(z)
+    assert q.restarts == 0
+    # code 0 takes all 4 vectors: 1 -> 0.8 + 0.2 * 4 = 1.6 -> 2.08 -> 2.464
+    torch.testing.assert_close(q.cluster_size, torch.tensor([2.464, 0.512, 0.512, 0.512]))
+    z = torch.tensor([[0.0, 0, 0], [0, 0, 0], [0.3, 0.7, -0.1], [0.2, -0.4, 0.9]])
+    q(z)
+    assert q.restarts == 3  # all four vectors still go to code 0: codes 1-3 restart, each onto a batch vector
+    codes = q.effective_codebook().detach()
+    restarted = (q.cluster_size == 0.5).nonzero().flatten()
+    assert restarted.tolist() == [1, 2, 3]
+    for k in restarted:  # the effective code W f + b equals a batch vector exactly (W is invertible)
+        assert torch.cdist(codes[k][None], z).min() < 1e-5
+    q.eval()
+    q(torch.zeros(4, 3))
+    assert q.restarts == 3  # no restarts outside training
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"dead_code_threshold": -1.0}, {"dead_code_threshold": float("inf")}, {"dead_code_decay": 1.0}]
+)
+def test_bad_restart_settings(kwargs):
+    with pytest.raises(ValueError, match="dead_code"):
+        SimVQQuantizer(8, 4, **kwargs)
+
+
+def test_dead_code_rule_matches_vector_quantize_pytorch():
+    vqp = pytest.importorskip("vector_quantize_pytorch")
+    torch.manual_seed(0)
+    codes = torch.tensor([[0.0, 0, 0], [10, 0, 0], [0, 10, 0], [0, 0, 10]])
+    theirs = vqp.VectorQuantize(
+        dim=3,
+        codebook_size=4,
+        learnable_codebook=True,
+        ema_update=False,
+        threshold_ema_dead_code=0.5,
+        decay=0.8,
+    )
+    ours = SimVQQuantizer(4, 3, dead_code_threshold=0.5, dead_code_decay=0.8)
+    with torch.no_grad():
+        theirs._codebook.embed.copy_(codes[None])
+        ours.frozen.copy_(codes)
+        ours.projection.weight.copy_(torch.eye(3))
+        ours.projection.bias.zero_()
+    z = torch.zeros(4, 3)
+    for _ in range(4):  # every vector goes to code 0; codes 1-3 decay and are restarted on the 4th batch
+        theirs(z[None])
+        ours(z)
+        torch.testing.assert_close(ours.cluster_size, theirs._codebook.cluster_size[0])
+    torch.testing.assert_close(ours.effective_codebook().detach(), theirs._codebook.embed.detach()[0])

@@ -8,8 +8,9 @@ effective dimensions than the encoder's continuous outputs. A decorrelation pena
 restores the rank, which the paper reports improves reconstruction and downstream autoregressive generation.
 
 ``effective_rank`` / ``spectral_report`` (the metric), ``CodebookRegularizer`` (the loss, for this module's
-quantisers and vector-quantize-pytorch's), ``VectorQuantizer`` and ``SimVQQuantizer``. Not implemented: the
-VQGAN/ImageNet training of the paper (the reproduction uses an MLP VQ-VAE on digits), IBQ.
+quantisers and vector-quantize-pytorch's), ``VectorQuantizer`` and ``SimVQQuantizer`` (official affine projection,
+optional dead-code restarts). Not implemented: the VQGAN/ImageNet training of the paper (the reproduction uses
+a small convolutional VQ-VAE on patches of scikit-learn's bundled photographs), IBQ.
 """
 
 from .module import (
@@ -24,6 +25,12 @@ from .module import (
 )
 
 __all__ = [
-    "CodebookRegularizer", "EffectiveRankCallback", "SimVQQuantizer", "VectorQuantizer",
-    "codebook_decorrelation_loss", "codebook_of", "effective_rank", "spectral_report",
+    "CodebookRegularizer",
+    "EffectiveRankCallback",
+    "SimVQQuantizer",
+    "VectorQuantizer",
+    "codebook_decorrelation_loss",
+    "codebook_of",
+    "effective_rank",
+    "spectral_report",
 ]

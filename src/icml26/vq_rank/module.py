@@ -87,7 +87,9 @@ def effective_rank(x: Tensor, center: bool = True, kind: str = "roy_vetterli", e
     return float(lam.sum() / lam.max())
 
 
-def spectral_report(codebook: Tensor, features: Tensor | None = None, used: Tensor | None = None) -> dict[str, float]:
+def spectral_report(
+    codebook: Tensor, features: Tensor | None = None, used: Tensor | None = None
+) -> dict[str, float]:
     """Effective rank (Roy-Vetterli, centred, singular values) of all codes, of the used codes and of the
     features, with the dimensions holding 90 % and 99 % of the codebook's variance.
 
@@ -163,7 +165,8 @@ def codebook_of(quantizer: nn.Module) -> Tensor:
     if not cb.requires_grad:
         raise ValueError(
             f"the codebook of {type(quantizer).__name__} has no gradient (an EMA-updated codebook?): the "
-            "regulariser would do nothing; use learnable_codebook=True, ema_update=False")
+            "regulariser would do nothing; use learnable_codebook=True, ema_update=False"
+        )
     return cb
 
 
@@ -177,10 +180,20 @@ class CodebookRegularizer(nn.Module):
         codebook_getter: ``fn(quantizer) -> (K, D) tensor`` for quantisers ``codebook_of`` does not know.
     """
 
-    def __init__(self, quantizer: nn.Module, weight: float = 1e-3, kind: str = "gram_offdiag",
-                 codebook_getter: Callable[[nn.Module], Tensor] | None = None):
+    def __init__(
+        self,
+        quantizer: nn.Module,
+        weight: float = 1e-3,
+        kind: str = "gram_offdiag",
+        codebook_getter: Callable[[nn.Module], Tensor] | None = None,
+    ):
         super().__init__()
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+            or weight < 0
+        ):
             raise ValueError(f"weight must be a finite number >= 0, got {weight!r}")
         if kind not in ("gram_offdiag", "barlow"):
             raise ValueError(f"kind must be 'gram_offdiag' or 'barlow', got {kind!r}")
@@ -238,18 +251,74 @@ class VectorQuantizer(nn.Module):
 
 
 class SimVQQuantizer(VectorQuantizer):
-    """SimVQ: a frozen Gaussian basis C (std D^-1/2) and a learnable linear map W; the codebook is C W^T."""
+    """SimVQ: a frozen Gaussian basis C (std D^-1/2) and a learnable affine map; the codebook is C W^T + b.
 
-    def __init__(self, codebook_size: int, dim: int, beta: float = 0.25):
+    The projection has a bias, as the official code's ``nn.Linear(e_dim, e_dim)`` (vector-quantize-pytorch's
+    ``SimVQ`` uses ``bias=False``; pass ``bias=False`` for that form).
+
+    Args:
+        codebook_size: K.
+        dim: D (the basis and the codes have the same width).
+        beta: commitment weight of the legacy loss.
+        bias: give the projection a bias (official code).
+        dead_code_threshold: restart codes whose exponential moving average of assignments per batch falls
+            below this number (0 turns restarts off); the rule of vector-quantize-pytorch's
+            ``threshold_ema_dead_code``, which that library offers for ``VectorQuantize`` but not for ``SimVQ``.
+        dead_code_decay: decay of that moving average (vector-quantize-pytorch's default 0.8).
+    """
+
+    def __init__(
+        self,
+        codebook_size: int,
+        dim: int,
+        beta: float = 0.25,
+        bias: bool = True,
+        dead_code_threshold: float = 0.0,
+        dead_code_decay: float = 0.8,
+    ):
         nn.Module.__init__(self)
         if codebook_size < 1 or dim < 1:
             raise ValueError(f"codebook_size and dim must be >= 1, got {codebook_size}, {dim}")
+        if not math.isfinite(dead_code_threshold) or dead_code_threshold < 0:
+            raise ValueError(f"dead_code_threshold must be a finite number >= 0, got {dead_code_threshold!r}")
+        if not 0.0 <= dead_code_decay < 1.0:
+            raise ValueError(f"dead_code_decay must be in [0, 1), got {dead_code_decay!r}")
         self.register_buffer("frozen", torch.randn(codebook_size, dim) * dim**-0.5)
-        self.projection = nn.Linear(dim, dim, bias=False)
+        self.projection = nn.Linear(dim, dim, bias=bias)
         self.beta = beta
+        self.dead_code_threshold, self.dead_code_decay = float(dead_code_threshold), float(dead_code_decay)
+        # vector-quantize-pytorch starts its cluster sizes at 1 (every code alive)
+        self.register_buffer("cluster_size", torch.ones(codebook_size))
+        self.restarts = 0
 
     def effective_codebook(self) -> Tensor:
         return self.projection(self.frozen)
+
+    def forward(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        quantized, idx, loss = super().forward(z)
+        if self.dead_code_threshold > 0 and self.training:
+            self._expire_codes(z.detach().reshape(-1, z.shape[-1]), idx.reshape(-1))
+        return quantized, idx, loss
+
+    @torch.no_grad()
+    def _expire_codes(self, flat: Tensor, idx: Tensor) -> None:
+        counts = torch.bincount(idx, minlength=self.frozen.shape[0]).to(self.cluster_size.dtype)
+        # $$n_k \leftarrow \gamma n_k + (1 - \gamma) \#\{i : c_i = k\}$$   (vector-quantize-pytorch's EMA)
+        self.cluster_size.mul_(self.dead_code_decay).add_(counts, alpha=1 - self.dead_code_decay)
+        dead = (self.cluster_size < self.dead_code_threshold).nonzero().flatten()
+        if dead.numel() == 0:
+            return
+        dead = dead[torch.randperm(dead.numel())[: flat.shape[0]]]  # at most one restart per batch vector
+        targets = flat[torch.randperm(flat.shape[0])[: dead.numel()]]
+        # the effective code W f + b should become a batch vector z: f = W^+ (z - b) (its projection on the
+        # range of W when W is rank-deficient, so a restart cannot add rank the projection lacks)
+        w = self.projection.weight
+        b = self.projection.bias if self.projection.bias is not None else torch.zeros_like(targets[0])
+        frozen = self.frozen.clone()  # a new tensor: the graph of this step still holds the old basis
+        frozen[dead] = (targets - b) @ torch.linalg.pinv(w).T
+        self.frozen = frozen
+        self.cluster_size[dead] = self.dead_code_threshold  # vector-quantize-pytorch's reset_cluster_size
+        self.restarts += int(dead.numel())
 
 
 class EffectiveRankCallback:
