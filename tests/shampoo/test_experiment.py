@@ -14,8 +14,21 @@ from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("shampoo", tmp_path, mode="smoke")
-    assert {c["id"] for c in data["claims"]} == {"practice_mlp", "ideal_case", "rate_two_sided", "rate_one_sided"}
-    assert set(data["arms"]) >= {"adamw", "shampoo_two_sided", "rate_shampoo_two_sided", "rate_sgd"}
+    assert {c["id"] for c in data["claims"]} == {
+        "practice_mlp",
+        "ideal_case",
+        "rate_vs_sgd",
+        "rate_vs_adamw",
+        "rate_two_sided",
+        "rate_one_sided",
+    }
+    assert set(data["arms"]) >= {
+        "adamw",
+        "shampoo_two_sided",
+        "rate_shampoo_two_sided",
+        "rate_sgd",
+        "rate_adamw",
+    }
     assert (tmp_path / "shampoo" / "smoke_loss_curves.png").is_file()
     assert (tmp_path / "shampoo" / "smoke_rate.png").is_file()
 
@@ -23,7 +36,10 @@ def test_smoke_run_through_the_cli(tmp_path):
 def test_same_seed_same_numbers():
     cfg = dataclasses.replace(PRESETS["smoke"], max_steps=20, rate_horizons=(20, 40))
     a, b = run(cfg).metrics, run(cfg).metrics
-    strip = lambda m: {arm: {k: v for k, v in ms.items() if not k.endswith("ms_per_step")} for arm, ms in m.items()}  # noqa: E731
+
+    def strip(m):
+        return {arm: {k: v for k, v in ms.items() if not k.endswith("ms_per_step")} for arm, ms in m.items()}
+
     assert strip(a) == strip(b)
 
 
@@ -32,7 +48,7 @@ def test_ratio_position_by_hand():
     r, pos = ratio_position(3.0, 3.0, 16)
     assert r == pytest.approx(0.25) and pos == pytest.approx(0.0)
     # halfway on the log scale: r = min^(-1/4)
-    r, pos = ratio_position(16 ** 0.25, 1.0, 16)
+    r, pos = ratio_position(16**0.25, 1.0, 16)
     assert pos == pytest.approx(0.5)
     with pytest.raises(ValueError):
         ratio_position(1.0, 1.0, 1)
@@ -40,7 +56,7 @@ def test_ratio_position_by_hand():
 
 def test_loglog_slope_recovers_a_power_law():
     horizons = (100, 300, 1000, 3000)
-    assert loglog_slope(horizons, [5.0 * k ** -0.25 for k in horizons]) == pytest.approx(-0.25)
+    assert loglog_slope(horizons, [5.0 * k**-0.25 for k in horizons]) == pytest.approx(-0.25)
 
 
 def quick_tolerances(arms: dict) -> dict[str, float]:

@@ -25,16 +25,29 @@ def train(model, opt, steps=4, x=None):
         opt.step()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"lr": -1.0}, "lr must be"), ({"lr": float("nan")}, "lr must be"), ({"lr": float("inf")}, "lr must be"),
-    ({"betas": (1.0, 0.9)}, "betas"), ({"betas": (0.9, -0.1)}, "betas"), ({"betas": (0.9,)}, "betas"),
-    ({"eps": 0.0}, "eps must be"), ({"eps": -1e-6}, "eps must be"), ({"graft_eps": 0}, "graft_eps"),
-    ({"weight_decay": -0.1}, "weight_decay"), ({"grafting": "rmsprop"}, "grafting must be"),
-    ({"precondition_frequency": 0}, "precondition_frequency"), ({"start_preconditioning_step": 0}, "start_"),
-    ({"max_preconditioner_dim": 0}, "max_preconditioner_dim"), ({"factor_dtype": torch.float16}, "factor_dtype"),
-    ({"exponents": "both"}, "exponents must be one of"), ({"exponents": (-0.1, 0.6)}, "exponents must be"),
-    ({"exponents": (0.0, 0.0)}, "exponents must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"lr": -1.0}, "lr must be"),
+        ({"lr": float("nan")}, "lr must be"),
+        ({"lr": float("inf")}, "lr must be"),
+        ({"betas": (1.0, 0.9)}, "betas"),
+        ({"betas": (0.9, -0.1)}, "betas"),
+        ({"betas": (0.9,)}, "betas"),
+        ({"eps": 0.0}, "eps must be"),
+        ({"eps": -1e-6}, "eps must be"),
+        ({"graft_eps": 0}, "graft_eps"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"grafting": "rmsprop"}, "grafting must be"),
+        ({"precondition_frequency": 0}, "precondition_frequency"),
+        ({"start_preconditioning_step": 0}, "start_"),
+        ({"max_preconditioner_dim": 0}, "max_preconditioner_dim"),
+        ({"factor_dtype": torch.float16}, "factor_dtype"),
+        ({"exponents": "both"}, "exponents must be one of"),
+        ({"exponents": (-0.1, 0.6)}, "exponents must be"),
+        ({"exponents": (0.0, 0.0)}, "exponents must be"),
+    ],
+)
 def test_bad_hyperparameters_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Shampoo(tiny().parameters(), **kwargs)
@@ -59,7 +72,9 @@ def test_exponent_presets_and_warning():
         Shampoo(tiny().parameters(), exponents=(0.125, 0.375))
 
 
-@pytest.mark.parametrize("dtype, value", [(torch.float16, 1000.0), (torch.float32, 1e30), (torch.bfloat16, 1e30)])
+@pytest.mark.parametrize(
+    "dtype, value", [(torch.float16, 1000.0), (torch.float32, 1e30), (torch.bfloat16, 1e30)]
+)
 def test_large_finite_gradients_are_not_mistaken_for_overflow(dtype, value):
     # the 2-norm of these gradients overflows in their own dtype; the gradients themselves are finite
     w = torch.nn.Parameter(torch.zeros(100, 100, dtype=dtype))
@@ -138,7 +153,9 @@ def test_keeps_the_last_good_root_when_a_later_decomposition_fails(monkeypatch):
     opt = Shampoo(m.parameters(), lr=1e-2, start_preconditioning_step=1, precondition_frequency=1)
     train(m, opt, steps=2)
     roots = {id(p): opt.state[p]["left_root"][0].clone() for p in m.parameters() if p.ndim == 2}
-    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("x")))
+    monkeypatch.setattr(
+        torch.linalg, "eigh", lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("x"))
+    )
     with pytest.warns(RuntimeWarning):
         train(m, opt, steps=1)
     for p in m.parameters():
@@ -175,9 +192,15 @@ def test_state_dict_survives_torch_save(tmp_path):
 
 def test_group_overrides_are_used():
     m = tiny()
-    opt = Shampoo([{"params": m[0].parameters(), "exponents": "left"},
-                   {"params": m[2].parameters(), "grafting": "none", "lr": 0.1}], lr=1e-2,
-                  start_preconditioning_step=1, precondition_frequency=1)
+    opt = Shampoo(
+        [
+            {"params": m[0].parameters(), "exponents": "left"},
+            {"params": m[2].parameters(), "grafting": "none", "lr": 0.1},
+        ],
+        lr=1e-2,
+        start_preconditioning_step=1,
+        precondition_frequency=1,
+    )
     train(m, opt, steps=2)
     assert opt.param_groups[0]["exponents"] == (0.5, 0.0) and opt.state[m[0].weight]["right"] == []
     assert len(opt.state[m[2].weight]["right"]) == 1

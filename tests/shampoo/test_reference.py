@@ -58,8 +58,17 @@ def _reference(cfg: dict, shape: tuple[int, int]) -> tuple[np.ndarray, float]:
     block, start, freq = cfg.pop("block", None), cfg.pop("start"), cfg.pop("freq")
     X0 = np.random.default_rng(1).normal(size=shape)
     kappas: list[float] = []
-    X = reference_shampoo(X0, stochastic_quadratic(shape, 2), steps=12, lr=0.05, start=start, freq=freq,
-                          block=block, conditions=kappas, **cfg)
+    X = reference_shampoo(
+        X0,
+        stochastic_quadratic(shape, 2),
+        steps=12,
+        lr=0.05,
+        start=start,
+        freq=freq,
+        block=block,
+        conditions=kappas,
+        **cfg,
+    )
     return X, max(kappas)
 
 
@@ -72,8 +81,15 @@ def test_matches_reference_within_eigh_tolerance(cfg, shape):
     cfg = dict(cfg)
     block, start, freq = cfg.pop("block", None), cfg.pop("start"), cfg.pop("freq")
     X = torch.nn.Parameter(torch.tensor(np.random.default_rng(1).normal(size=shape)))
-    opt = Shampoo([X], lr=0.05, start_preconditioning_step=start, precondition_frequency=freq,
-                  max_preconditioner_dim=block or 1024, factor_dtype=torch.float64, **cfg)
+    opt = Shampoo(
+        [X],
+        lr=0.05,
+        start_preconditioning_step=start,
+        precondition_frequency=freq,
+        max_preconditioner_dim=block or 1024,
+        factor_dtype=torch.float64,
+        **cfg,
+    )
     grad = stochastic_quadratic(shape, 2)
     for _ in range(12):
         X.grad = torch.tensor(grad(X.detach().numpy()))
@@ -94,7 +110,9 @@ def test_tolerance_covers_lapack_drivers(driver, monkeypatch):
         for shape in shapes:
             expected, kappa = plain[i, shape]
             other, _ = _reference(c, shape)
-            np.testing.assert_allclose(other, expected, rtol=0, atol=eigh_tolerance(kappa, np.abs(expected).max()))
+            np.testing.assert_allclose(
+                other, expected, rtol=0, atol=eigh_tolerance(kappa, np.abs(expected).max())
+            )
 
 
 def test_eigh_tolerance_still_catches_a_wrong_exponent():
@@ -109,16 +127,23 @@ def test_conv_weights_are_preconditioned_as_matrices():
     W0 = np.random.default_rng(3).normal(size=(4, 2, 3, 3))
     grad2d = stochastic_quadratic((4, 18), 4)
     kappas: list[float] = []
-    expected = reference_shampoo(W0.reshape(4, 18), grad2d, steps=6, lr=0.05, grafting="adam", start=1, freq=1,
-                                 conditions=kappas)
+    expected = reference_shampoo(
+        W0.reshape(4, 18), grad2d, steps=6, lr=0.05, grafting="adam", start=1, freq=1, conditions=kappas
+    )
     W = torch.nn.Parameter(torch.tensor(W0))
-    opt = Shampoo([W], lr=0.05, start_preconditioning_step=1, precondition_frequency=1, factor_dtype=torch.float64)
+    opt = Shampoo(
+        [W], lr=0.05, start_preconditioning_step=1, precondition_frequency=1, factor_dtype=torch.float64
+    )
     grad2d = stochastic_quadratic((4, 18), 4)
     for _ in range(6):
         W.grad = torch.tensor(grad2d(W.detach().numpy().reshape(4, 18)).reshape(4, 2, 3, 3))
         opt.step()
-    np.testing.assert_allclose(W.detach().numpy().reshape(4, 18), expected, rtol=0,
-                               atol=eigh_tolerance(max(kappas), np.abs(expected).max()))
+    np.testing.assert_allclose(
+        W.detach().numpy().reshape(4, 18),
+        expected,
+        rtol=0,
+        atol=eigh_tolerance(max(kappas), np.abs(expected).max()),
+    )
 
 
 @pytest.mark.parametrize("exponents", [(0.5, 0.0), (0.25, 0.25)])
@@ -131,14 +156,24 @@ def test_first_step_is_the_regularised_polar_factor(exponents):
     U, s, Vt = np.linalg.svd(G, full_matrices=False)
     expected = -lr * (U * (s / np.sqrt(s**2 + eps))) @ Vt
     X = torch.nn.Parameter(torch.zeros(4, 7, dtype=torch.float64))
-    opt = Shampoo([X], lr=lr, betas=(0.0, 0.0), eps=eps, exponents=exponents, grafting="none",
-                  start_preconditioning_step=1, precondition_frequency=1, factor_dtype=torch.float64)
+    opt = Shampoo(
+        [X],
+        lr=lr,
+        betas=(0.0, 0.0),
+        eps=eps,
+        exponents=exponents,
+        grafting="none",
+        start_preconditioning_step=1,
+        precondition_frequency=1,
+        factor_dtype=torch.float64,
+    )
     X.grad = torch.tensor(G)
     opt.step()
     # the factors are G G^T + eps I and G^T G + eps I (the latter rank-deficient): kappa = (s_max^2 + eps) / eps
     kappa = (s.max() ** 2 + eps) / eps
-    np.testing.assert_allclose(X.detach().numpy(), expected, rtol=0,
-                               atol=eigh_tolerance(kappa, np.abs(expected).max()))
+    np.testing.assert_allclose(
+        X.detach().numpy(), expected, rtol=0, atol=eigh_tolerance(kappa, np.abs(expected).max())
+    )
 
 
 def test_before_preconditioning_it_is_adamw_exactly():
@@ -186,4 +221,6 @@ def test_inverse_root_matches_the_reference_and_scipy():
     np.testing.assert_allclose(ours, inverse_root(A, 0.25, 1e-4), rtol=0, atol=tol)
     spd = A + 1e-4 * np.eye(6)
     # scipy's Schur-Pade algorithm is another method with the same conditioning, so the same tolerance
-    np.testing.assert_allclose(ours, np.real(scipy.linalg.fractional_matrix_power(spd, -0.25)), rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        ours, np.real(scipy.linalg.fractional_matrix_power(spd, -0.25)), rtol=0, atol=tol
+    )

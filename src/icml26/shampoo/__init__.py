@@ -8,9 +8,12 @@ and steps along L^(-1/(2p)) M R^(-1/(2q)) with 1/p + 1/q = 1 and AdamW's decoupl
 proves (1/K) sum_k E||grad f(X_k)||_* <= O(sqrt(m+n) C / K^(1/4)) for one- and two-sided preconditioning.
 
 ``Shampoo`` is a drop-in ``torch.optim.Optimizer`` with Adam grafting, amortised eigendecomposition roots,
-blocking of large dimensions and a pure update function ``shampoo_update``. Not implemented: Meta's
-distributed sharding of the root work (DDP works by all-reducing gradients), eigenvalue-corrected variants
-(SOAP), Newton-iteration roots, iterate averaging. The exact update rule is reconstructed (see README).
+blocking of large dimensions, speed options (statistics every s steps, float32 roots with a float64 retry,
+an optional finiteness pass, one-sided on the smaller side) and a pure update function ``shampoo_update``; its
+state saves and reloads through ``torch.distributed.checkpoint``. Not implemented: Meta's distributed sharding
+of the state and root work (DDP works by all-reducing gradients, every rank holding the full state; no
+FSDP/DTensor parameters), eigenvalue-corrected variants (SOAP), Newton-iteration roots, iterate averaging,
+``torch.compile``. The exact update rule is reconstructed (see README).
 
 Example:
     >>> import torch, icml26.shampoo as S

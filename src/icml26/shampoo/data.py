@@ -51,8 +51,9 @@ def digits_mlp_task(seed: int, hidden: int = 128) -> Task:
 
     def make(s: int) -> nn.Module:
         torch.manual_seed(s)
-        return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                             nn.Linear(hidden, 10))
+        return nn.Sequential(
+            nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
 
     return Task("digits_mlp", torch.from_numpy(d.X_train), torch.from_numpy(d.y_train), make, _ce)
 
@@ -64,8 +65,14 @@ def digits_cnn_task(seed: int, channels: int = 8) -> Task:
     def make(s: int) -> nn.Module:
         torch.manual_seed(s)
         return nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.Conv2d(channels, 2 * channels, 3, padding=1),
-            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * channels * 16, 10))
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * channels * 16, 10),
+        )
 
     X = torch.from_numpy(d.X_train).reshape(-1, 1, 8, 8)
     return Task("digits_cnn", X, torch.from_numpy(d.y_train), make, _ce)
@@ -78,8 +85,9 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(length, d_model) * 0.1)
-        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=2 * d_model, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, heads, dim_feedforward=2 * d_model, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, vocab)
 

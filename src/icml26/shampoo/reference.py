@@ -46,11 +46,23 @@ def condition_number(A: np.ndarray, eps: float) -> float:
     return float(lam.max() / lam.min())
 
 
-def reference_shampoo(X0: np.ndarray, grad: Callable[[np.ndarray], np.ndarray], *, steps: int, lr: float,
-                      betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, graft_eps: float = 1e-8,
-                      weight_decay: float = 0.0, exponents: tuple[float, float] = (0.25, 0.25),
-                      grafting: str = "adam", freq: int = 1, start: int = 1, block: int | None = None,
-                      conditions: list[float] | None = None) -> np.ndarray:
+def reference_shampoo(
+    X0: np.ndarray,
+    grad: Callable[[np.ndarray], np.ndarray],
+    *,
+    steps: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    graft_eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    exponents: tuple[float, float] = (0.25, 0.25),
+    grafting: str = "adam",
+    freq: int = 1,
+    start: int = 1,
+    block: int | None = None,
+    conditions: list[float] | None = None,
+) -> np.ndarray:
     """Run ``steps`` steps from ``X0`` with gradients ``grad(X)``; return the final X (float64).
 
     ``conditions``, when given, receives ``condition_number`` of every factor whose inverse root is taken.
@@ -58,7 +70,9 @@ def reference_shampoo(X0: np.ndarray, grad: Callable[[np.ndarray], np.ndarray], 
     X = np.array(X0, dtype=np.float64)
     m, n = X.shape
     b = block or max(m, n)
-    blocks = [(slice(i, min(i + b, m)), slice(j, min(j + b, n))) for i in range(0, m, b) for j in range(0, n, b)]
+    blocks = [
+        (slice(i, min(i + b, m)), slice(j, min(j + b, n))) for i in range(0, m, b) for j in range(0, n, b)
+    ]
     b1, b2 = betas
     eL, eR = exponents
     M = np.zeros_like(X)
@@ -86,8 +100,9 @@ def reference_shampoo(X0: np.ndarray, grad: Callable[[np.ndarray], np.ndarray], 
                 if eR > 0:
                     Rinv[i] = inverse_root(R[i] / (1 - b2**k), eR, eps)
                 if conditions is not None:
-                    conditions.extend(condition_number(F / (1 - b2**k), eps)
-                                      for F, e in ((L[i], eL), (R[i], eR)) if e > 0)
+                    conditions.extend(
+                        condition_number(F / (1 - b2**k), eps) for F, e in ((L[i], eL), (R[i], eR)) if e > 0
+                    )
                 ready[i] = True
         D = A.copy()
         if k >= start:
