@@ -268,3 +268,27 @@ def test_proxy_fuzz_hostile_arguments_give_a_contained_decision(args):
     else:
         assert not result.is_error and result.structured_content == {"echo": "send"}   # passed through
         assert "[AIR guidance] careful" in result.content[-1].text
+
+
+# ----------------------------------------------------------------------------------------------- overhead
+def test_state_is_read_once_per_call_and_only_when_a_rule_needs_it():
+    reads = []
+    state = {"files": {"a": 1}}
+
+    def getter():
+        reads.append(1)
+        return {"files": dict(state["files"])}          # a fresh structure per call, like AgentDojo's view
+
+    fresh = DictState(getter, fresh=True)
+    assert fresh.snapshot() is not fresh.snapshot() and len(reads) == 2     # no deep copy of a fresh view
+    rules = parse('rule r on before_action(rm) detect : state.files.a == 1 contain - block end')
+    air = IncidentResponder(rules, fresh)
+    air.begin("t")
+    reads.clear()
+    air.before_step()                                   # no before_step rule: the state is not read
+    assert reads == []
+    assert air.before_action(ToolCall("rm", {})).kind == "block"
+    assert len(reads) == 1                              # the pre-action snapshot serves the rule as well
+    air.after_action(ToolCall("ls", {}), "ok")         # no after_action rule: nothing read
+    assert len(reads) == 1
+    assert air.trace[-1].state is air._pre              # the trace keeps the snapshot, no second copy

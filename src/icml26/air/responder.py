@@ -116,16 +116,22 @@ class StateProvider(Protocol):
 
 
 class DictState:
-    """A state provider over a function returning a JSON-like mapping; snapshots are deep copies."""
+    """A state provider over a function returning a JSON-like mapping; snapshots are deep copies.
 
-    def __init__(self, getter: Callable[[], Mapping[str, Any]]):
-        self.getter = getter
+    Args:
+        getter: returns the state.
+        fresh: the getter builds a new structure on every call (e.g. a ``model_dump``), so a snapshot is the
+            getter's result as is, with no deep copy.
+    """
+
+    def __init__(self, getter: Callable[[], Mapping[str, Any]], *, fresh: bool = False):
+        self.getter, self.fresh = getter, fresh
 
     def view(self) -> Mapping[str, Any]:
         return self.getter()
 
     def snapshot(self) -> Mapping[str, Any]:
-        return copy.deepcopy(self.getter())
+        return self.getter() if self.fresh else copy.deepcopy(self.getter())
 
 
 def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
@@ -355,7 +361,7 @@ class IncidentResponder:
         self.trace: list[TraceStep] = []
         self._pre: Mapping[str, Any] | None = None
         self._pre_ctx: dict[str, Any] | None = None
-        self._last_state = self.state.snapshot() if user_task else None
+        self._last_state = self.state.snapshot() if user_task and self._tracks_changes else None
         self.stopped = False
 
     def ctx(self) -> dict[str, Any]:
@@ -379,7 +385,7 @@ class IncidentResponder:
         t0 = time.perf_counter()
         self.step += 1
         d = self._verify_pending()
-        d = _merge(d, self._run("before_step", None, self._bindings(None, None)))
+        d = _merge(d, self._run("before_step", None, lambda: self._bindings(None, None)))
         self.timings.append(time.perf_counter() - t0)
         return d
 
@@ -389,17 +395,18 @@ class IncidentResponder:
         if nesting_depth(call.args) > MAX_VALUE_NESTING:                 # cannot be checked: fail closed, logged
             self.check_errors.append(f"before_action({call.name}): arguments nested deeper than {MAX_VALUE_NESTING}")
             return Decision("block", f"AIR cannot check arguments nested deeper than {MAX_VALUE_NESTING} levels")
-        self._pre = self.state.snapshot()
+        self._pre = self.state.snapshot()              # a copy nobody mutates: the trace keeps it as is
         self._pre_ctx = self.ctx()
         if call.origin == "agent":
-            self.trace.append(TraceStep(call.view(), copy.deepcopy(self._pre) if self.use_state else {},
-                                        self._pre_ctx))
+            self.trace.append(TraceStep(call.view(), self._pre if self.use_state else {}, self._pre_ctx))
         if call.name in self.quarantined and call.origin == "agent":
             d = Decision("block", f"the tool {call.name} is quarantined after an incident in this episode")
         elif call.origin == "agent" and _signature(call) in self.blocked_calls:
             d = Decision("block", "this call caused an incident earlier in the episode; it is blocked")
         else:
-            d = self._run("before_action", call, self._bindings(call, None))
+            # a fresh provider's snapshot is the current view: rules read it instead of building another
+            pre = self._pre if getattr(self.state, "fresh", False) else None
+            d = self._run("before_action", call, lambda: self._bindings(call, None, state=pre))
         self.timings.append(time.perf_counter() - t0)
         return d
 
@@ -410,12 +417,12 @@ class IncidentResponder:
             self.check_errors.append(f"after_action({call.name}): result nested deeper than {MAX_VALUE_NESTING}")
             return Decision("block", f"AIR cannot check a result nested deeper than {MAX_VALUE_NESTING} levels; "
                                      "it is withheld")
-        b = self._bindings(call, result)
-        d = self._run("after_action", call, b)
-        now = self.state.snapshot()
-        if self._last_state is not None and diff(self._last_state, now):
-            d = _merge(d, self._run("state_change", call, self._bindings(call, result)))
-        self._last_state = now
+        d = self._run("after_action", call, lambda: self._bindings(call, result))
+        if self._tracks_changes:                      # snapshots and diffs only for state_change rules
+            now = self.state.snapshot()
+            if self._last_state is not None and diff(self._last_state, now):
+                d = _merge(d, self._run("state_change", call, lambda: self._bindings(call, result)))
+            self._last_state = now
         self.window.append({"tool": call.name, "args": dict(call.args), "origin": call.origin,
                             "result": result if isinstance(result, str | int | float | bool) or result is None
                             else json.loads(json.dumps(result, default=str))})
@@ -428,7 +435,7 @@ class IncidentResponder:
 
     def finish(self) -> list[Incident]:
         """End-of-episode rules, then eradication for every incident of the episode; returns them."""
-        d = self._run("finish", None, self._bindings(None, None))
+        d = self._run("finish", None, lambda: self._bindings(None, None))
         self._verify_pending(final=True)
         for inc in self.episode_incidents:
             if inc.remediated is None and inc.severity != "low":
@@ -439,8 +446,9 @@ class IncidentResponder:
         return list(self.episode_incidents)
 
     # ---------------------------------------------------------------------------------------- internals
-    def _bindings(self, call: ToolCall | None, result: Any) -> dict[str, Any]:
-        return {"call": call.view() if call is not None else None, "result": result, "state": self._state(),
+    def _bindings(self, call: ToolCall | None, result: Any, state: Any = None) -> dict[str, Any]:
+        state = state if state is not None and self.use_state else self._state()
+        return {"call": call.view() if call is not None else None, "result": result, "state": state,
                 "snap": {"pre_step": (self._pre if self._pre is not None else {}) if self.use_state else {}},
                 "ctx": self.ctx()}
 
@@ -465,15 +473,22 @@ class IncidentResponder:
         self.check_errors.append(f"{rule.name} (fail {rule.fail}): {error}")
         return rule.fail == "closed"
 
-    def _run(self, phase: str, call: ToolCall | None, env: dict[str, Any]) -> Decision:
+    @property
+    def _tracks_changes(self) -> bool:
+        return any(t.phase == "state_change" for r in self.rules for t in r.triggers)
+
+    def _run(self, phase: str, call: ToolCall | None, make_env: Callable[[], dict[str, Any]]) -> Decision:
+        """The rules triggered by ``phase`` (and the call's tool); the bindings are built only when one is."""
         if self.stopped and phase != "finish":          # end-of-episode checks still run after a stop
             return Decision("stop", "the episode was stopped by an incident")
         out = Decision()
         tool = call.name if call is not None else None
+        rules = [r for r in sorted(self._active_rules(), key=lambda r: -r.priority) if r.fires_on(phase, tool)]
+        if not rules:
+            return out
+        env = make_env()
         start = time.perf_counter()
-        for rule in sorted(self._active_rules(), key=lambda r: -r.priority):
-            if not rule.fires_on(phase, tool):
-                continue
+        for rule in rules:
             if time.perf_counter() - start > self.hook_budget_s:      # fail closed, logged
                 self.check_errors.append(f"{phase}: time budget of {self.hook_budget_s} s spent before rule "
                                          f"{rule.name}")
@@ -600,7 +615,8 @@ class IncidentResponder:
                 break
         else:
             inc.remediated = False
-        self._last_state = self.state.snapshot()
+        if self._tracks_changes:
+            self._last_state = self.state.snapshot()
         return Decision(incidents=[inc.id])
 
     def _verify_pending(self, final: bool = False) -> Decision:

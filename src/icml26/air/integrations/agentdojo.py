@@ -41,15 +41,15 @@ BENCHMARK_VERSION = "v1.2.1"
 def view(env: Any) -> dict[str, Any]:
     """The environment as AIR sees it: ``model_dump()`` plus ``<list>_by_id`` maps."""
 
-    def add_maps(d: Any) -> Any:
+    def add_maps(d: Any) -> Any:        # recursion only into containers: scalars are most of a 100 KB state
         if isinstance(d, dict):
-            out = {k: add_maps(v) for k, v in d.items()}
+            out = {k: add_maps(v) if isinstance(v, dict | list) else v for k, v in d.items()}
             for k, v in d.items():
                 if isinstance(v, list) and v and all(isinstance(i, dict) and "id" in i for i in v):
                     out[f"{k}_by_id"] = {i["id"]: i for i in out[k]}
             return out
         if isinstance(d, list):
-            return [add_maps(i) for i in d]
+            return [add_maps(i) if isinstance(i, dict | list) else i for i in d]
         return d
 
     return add_maps(env.model_dump(mode="json"))
@@ -82,7 +82,7 @@ class AIRToolsExecutor(BasePipelineElement):
         air = self.responder
         if air is not None and self._env_id != id(env):
             self._env_id = id(env)
-            air.state = DictState(lambda: view(env))
+            air.state = DictState(lambda: view(env), fresh=True)   # view() builds a new dict: no deep copy
 
             def execute(call: ToolCall) -> Any:
                 result, error = runtime.run_function(env, call.name, dict(call.args))
