@@ -636,7 +636,7 @@ def lint(text: str, *, file: str = "<rules>", schema: RuleSchema | None = None) 
 
     Example:
         >>> [d.message for d in lint('rule r on before_action(x) detect : call.arg.to == "a" contain - block end')]
-        ["rule r: call.arg is not bound (call has: name, args, origin)"]
+        ['rule r: call.arg is not bound (call has: name, args, origin)']
     """
     try:
         rules = parse(text, file=file, check=False)

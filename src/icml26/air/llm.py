@@ -210,7 +210,7 @@ _UNSURE = ("not sure", "unsure", "unknown", "cannot determine", "can't determine
 
 
 def parse_yes_no(text: str) -> bool | None:
-    """A model's yes/no answer: True, False, or None when it is neither (then the caller's fail policy decides).
+    r"""A model's yes/no answer: True, False, or None when it is neither (then the caller's fail policy decides).
 
     Reasoning blocks (``<think>...</think>``, unterminated ones too) are dropped, then markdown emphasis, quotes and
     an ``Answer:``-style prefix; the first word decides (yes/true/no/false); hedges ("not sure", "maybe") are None.

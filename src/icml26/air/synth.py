@@ -142,7 +142,7 @@ _BLOCK = re.compile(r"^[ \t]*rule[ \t]+[A-Za-z_]\w*.*?^[ \t]*end[ \t]*$", re.S |
 
 
 def rule_from_answer(text: str) -> Rule:
-    """The one rule in an LLM's answer: the first fenced block or ``rule ... end`` block (line-anchored, so prose
+    r"""The one rule in an LLM's answer: the first fenced block or ``rule ... end`` block (line-anchored, so prose
     before or after it, which may itself say "rule", is skipped) that parses to exactly one rule.
 
     Raises:
