@@ -38,21 +38,50 @@ from agentdojo.types import ChatAssistantMessage, ChatToolResultMessage, text_co
 BENCHMARK_VERSION = "v1.2.1"
 
 
+class _View(dict):
+    """A ``model_dump`` dict whose lists of records also answer as ``<list>_by_id`` maps, built when a rule reads
+    one (``state.bank_account.scheduled_transactions_by_id[id]``); iteration, ``json`` and diffs see the dump."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if dict.__contains__(self, key):
+            return _wrap(dict.__getitem__(self, key))
+        records = self._records(key)
+        if records is None:
+            raise KeyError(key)
+        return {r["id"]: _wrap(r) for r in records}
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self._records(key) is not None
+
+    def _records(self, key: object) -> list[Any] | None:
+        if not isinstance(key, str) or not key.endswith("_by_id"):
+            return None
+        v = dict.get(self, key[: -len("_by_id")])
+        if isinstance(v, list) and v and all(isinstance(i, dict) and "id" in i for i in v):
+            return v
+        return None
+
+
+class _Records(list):
+    """A list from the dump whose items are wrapped on access."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return _wrap(list.__getitem__(self, i)) if isinstance(i, int) else list.__getitem__(self, i)
+
+
+def _wrap(v: Any) -> Any:
+    if isinstance(v, dict) and not isinstance(v, _View):
+        return _View(v)
+    if isinstance(v, list) and not isinstance(v, _Records):
+        return _Records(v)
+    return v
+
+
 def view(env: Any) -> dict[str, Any]:
-    """The environment as AIR sees it: ``model_dump()`` plus ``<list>_by_id`` maps."""
-
-    def add_maps(d: Any) -> Any:        # recursion only into containers: scalars are most of a 100 KB state
-        if isinstance(d, dict):
-            out = {k: add_maps(v) if isinstance(v, dict | list) else v for k, v in d.items()}
-            for k, v in d.items():
-                if isinstance(v, list) and v and all(isinstance(i, dict) and "id" in i for i in v):
-                    out[f"{k}_by_id"] = {i["id"]: i for i in out[k]}
-            return out
-        if isinstance(d, list):
-            return [add_maps(i) if isinstance(i, dict | list) else i for i in d]
-        return d
-
-    return add_maps(env.model_dump(mode="json"))
+    """The environment as AIR sees it: ``model_dump()``, whose lists of records (dicts with an ``id``) also answer
+    as ``<list>_by_id`` maps when a rule reads one. The dump is fresh on every call (no copy needed) and the maps
+    cost nothing until read."""
+    return _View(env.model_dump(mode="json"))
 
 
 def _content(text: str) -> list[Any]:
