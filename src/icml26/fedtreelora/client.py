@@ -40,6 +40,14 @@ from .module import (
 )
 
 
+def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> torch.Tensor:
+    """The token id of each label; every label must be one token and the ids distinct (ValueError otherwise)."""
+    ids = [tokenizer(lab, add_special_tokens=False)["input_ids"] for lab in labels]
+    if any(len(i) != 1 for i in ids) or len({i[0] for i in ids}) != len(ids):
+        raise ValueError(f"every label must be one distinct token, got {labels!r} -> {ids}")
+    return torch.tensor([i[0] for i in ids])
+
+
 class LoRATrainer:
     """Local training and evaluation of a client's adapters on a frozen base.
 
@@ -55,12 +63,9 @@ class LoRATrainer:
     def __init__(self, model: Any, tokenizer: Any, *, labels: Sequence[str] = ("0", "1"),
                  target_modules: Sequence[str] = ("q_proj", "v_proj"), r: int = 4, alpha: float = 8.0,
                  init_seed: int = 0, batch_size: int = 16, threads: int = 1):
-        ids = [tokenizer(lab, add_special_tokens=False)["input_ids"] for lab in labels]
-        if any(len(i) != 1 for i in ids) or len({i[0] for i in ids}) != len(ids):
-            raise ValueError(f"every label must be one distinct token, got {labels!r} -> {ids}")
+        self.label_ids = label_token_ids(tokenizer, labels)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.label_ids = torch.tensor([i[0] for i in ids])
         self.tokenizer, self.labels, self.target_modules = tokenizer, tuple(labels), tuple(target_modules)
         self.r, self.alpha, self.init_seed = int(r), float(alpha), int(init_seed)
         self.model_path: str | None = None
@@ -180,12 +185,9 @@ class BatchedLoRATrainer:
                  init_seed: int = 0, batch_size: int = 16, threads: int = 1):
         import copy
 
-        ids = [tokenizer(lab, add_special_tokens=False)["input_ids"] for lab in labels]
-        if any(len(i) != 1 for i in ids) or len({i[0] for i in ids}) != len(ids):
-            raise ValueError(f"every label must be one distinct token, got {labels!r} -> {ids}")
+        self.label_ids = label_token_ids(tokenizer, labels)
         if n_clients < 1:
             raise ValueError(f"n_clients must be >= 1, got {n_clients}")
-        self.label_ids = torch.tensor([i[0] for i in ids])
         self.n, self.batch_size, self.threads = int(n_clients), int(batch_size), int(threads)
         self.model = copy.deepcopy(model)
         for p in self.model.parameters():
