@@ -240,8 +240,9 @@ def client_from_config(endpoint: str | None = None, model: str | None = None,
     no endpoint is set.
 
     Example:
-        >>> client_from_config(None, None, None) is None or True
-        True
+        >>> client = client_from_config("http://localhost:8000/v1", "qwen3", 5)
+        >>> client.base_url, client.model, client.timeout
+        ('http://localhost:8000/v1', 'qwen3', 5)
     """
     endpoint = endpoint or os.environ.get("ICML26_LLM_ENDPOINT") or None
     if endpoint is None:
