@@ -24,9 +24,11 @@ meta = ``severity low|medium|high|critical | priority INT | tags [a, b] | fail c
 by ``|`` with PHASE in before_step, before_action, after_action, state_change, finish; detect = ``: cond`` lines
 (a conjunction) with ``confirm by llm|user|rule_only``; contain/recover = ``- action`` lines, an action being an
 enforcement keyword (block, stop, skip, ask_user, self_reflect, quarantine_tool, snapshot, alert), a tool call
-``tool.name(arg=expr, ...)`` or ``guide "text"``; ``verify cond``; eradicate = ``synthesize rule [from NAME]``,
+``tool.name(arg=expr, ...)``, ``guide "text"`` or ``undo`` (the incident call's inverse operation declared in the
+tool manifest, arguments bound from the call and the state diff: ``manifest.py``); ``verify cond``; eradicate = ``synthesize rule [from NAME]``,
 ``scope TOOL``, ``validate on NAME``, ``max_predicates INT``. Conditions: ``or``, ``and``, ``not``, comparisons
-(== != < <= > >=), ``matches "regex"``, ``in``, ``semantic("question", expr...)`` (the only LLM-backed check) and
+(== != < <= > >=), ``matches "regex"``, ``in``, quantifiers over state objects ``any(x in expr: cond)`` and
+``all(x in expr: cond)`` (a mapping's values, each with its key as ``x.key``), ``semantic("question", expr...)`` (the only LLM-backed check) and
 whitelisted predicates ``NAME(expr, ...)`` registered in Python with :func:`predicate`. Expressions: paths over
 the roots ``call``, ``result``, ``state``, ``snap``, ``ctx``, ``incident`` (``a.b["k"][0]``), strings, numbers,
 lists, ``true``/``false``/``null``. ``predicate NAME(x, y): cond`` defines a macro in the file itself.
@@ -77,6 +79,7 @@ action_line: "-" action
 ?action: ENFORCEMENT             -> enforce
        | GLOB "(" [kwarg ("," kwarg)*] ")" -> tool_action
        | "guide" STRING          -> guide
+       | "undo"                  -> undo
 kwarg: NAME "=" expr
 eradicate: "eradicate" erad_opt+
 ?erad_opt: "synthesize" "rule" ["from" NAME] -> synthesize
@@ -95,6 +98,7 @@ predicate_def: "predicate" NAME "(" [NAME ("," NAME)*] ")" ":" cond
      | expr "matches" STRING             -> matches
      | expr "in" expr                    -> in_
      | "semantic" "(" STRING ("," expr)* ")" -> semantic
+     | QUANT "(" NAME "in" expr ":" cond ")" -> quantifier
      | NAME "(" [expr ("," expr)*] ")"   -> pred_call
      | "(" cond ")"
 
@@ -112,6 +116,7 @@ FAILMODE: "closed" | "open"
 PHASE.2: "before_step" | "before_action" | "after_action" | "state_change" | "finish"
 CONFIRMER: "llm" | "user" | "rule_only"
 ENFORCEMENT.2: "block" | "stop" | "skip" | "ask_user" | "self_reflect" | "quarantine_tool" | "snapshot" | "alert"
+QUANT.3: /(any|all)\b/
 CMP: "==" | "!=" | "<=" | ">=" | "<" | ">"
 NAME: /[A-Za-z_][A-Za-z0-9_]*/
 GLOB: /[A-Za-z_*][A-Za-z0-9_.*]*/
@@ -164,7 +169,8 @@ class ListExpr:
 
 @dataclass(frozen=True)
 class Cond:
-    """A condition node: ``op`` in and, or, not, compare, matches, in, semantic, pred; ``args`` its operands."""
+    """A condition node: ``op`` in and, or, not, compare, matches, in, semantic, pred, any, all; ``args`` its
+    operands (a quantifier's: the variable name, the collection expression, the body)."""
 
     op: str
     args: tuple[Any, ...]
@@ -173,7 +179,7 @@ class Cond:
 
 @dataclass(frozen=True)
 class Action:
-    """``kind`` an enforcement keyword, ``"tool"`` (``tool`` and ``kwargs``) or ``"guide"`` (``text``)."""
+    """``kind`` an enforcement keyword, ``"tool"`` (``tool`` and ``kwargs``), ``"guide"`` (``text``) or ``"undo"``."""
 
     kind: str
     tool: str = ""
@@ -305,6 +311,8 @@ MAX_TEXT_CHARS = 1_000_000      # a rule file larger than this is refused (rule 
 MAX_NESTING = 32                # brackets and parentheses nested deeper than this are refused
 MAX_TREE_DEPTH = 200            # conditions nested deeper (``not not ...`` chains included) are refused
 MAX_REGEX_CHARS = 2_000         # a ``matches`` pattern longer than this is refused
+MAX_QUANT_ITEMS = 100_000       # any(...)/all(...) over a larger collection errs (the rule's fail policy decides)
+QUANTIFIERS = ("any", "all")
 
 
 def compile_regex(pattern: str) -> Any:
@@ -449,6 +457,13 @@ def _build(tree: Any, file: str) -> RuleSet:
             return Cond("in", (expr(t.children[0]), expr(t.children[1])))
         if d == "semantic":
             return Cond("semantic", (Lit(_unquote(str(t.children[0]))), *(expr(c) for c in t.children[1:])))
+        if d == "quantifier":
+            var = str(t.children[1])
+            if var in ROOTS:
+                tok = t.children[1]
+                raise RuleSyntaxError(f"the quantifier variable {var!r} hides the root of the same name", file=file,
+                                      line=tok.line, column=tok.column)
+            return Cond(str(t.children[0]), (var, expr(t.children[2]), cond(t.children[3])))
         if d == "pred_call":
             return Cond("pred", (str(t.children[0]), *(expr(c) for c in t.children[1:] if c is not None)))
         line, col = (t.meta.line, t.meta.column) if isinstance(t, Tree) else (t.line, t.column)
@@ -456,6 +471,8 @@ def _build(tree: Any, file: str) -> RuleSet:
                               "found an expression", file=file, line=line, column=col)
 
     def action(t: Any) -> Action:
+        if t.data == "undo":
+            return Action("undo")
         if t.data == "enforce":
             return Action(str(t.children[0]))
         if t.data == "guide":
@@ -591,9 +608,9 @@ def load(path: str | Path, **kwargs: Any) -> RuleSet:
 
 # the fields the runtime binds under each root (``state`` is the environment's own shape: see RuleSchema)
 BOUND_FIELDS = {
-    "call": ("name", "args", "origin"),
+    "call": ("name", "args", "origin", "effects", "targets", "content", "content_entities"),
     "ctx": ("user_task", "steps", "step", "strings_from_tool_outputs", "strings_from_instructions",
-            "user_mentioned_addresses", "user_mentioned_paths"),
+            "user_mentioned_addresses", "user_mentioned_paths", "known_parties"),
     "snap": ("pre_step",),
     "incident": ("diff", "call"),
 }
@@ -636,7 +653,7 @@ def lint(text: str, *, file: str = "<rules>", schema: RuleSchema | None = None) 
 
     Example:
         >>> [d.message for d in lint('rule r on before_action(x) detect : call.arg.to == "a" contain - block end')]
-        ['rule r: call.arg is not bound (call has: name, args, origin)']
+        ['rule r: call.arg is not bound (call has: name, args, origin, effects, targets, content, content_entities)']
     """
     try:
         rules = parse(text, file=file, check=False)
@@ -706,6 +723,10 @@ def _walk(node: Any) -> Iterator[Any]:
             yield from _walk(a)
 
 
+def _quantified(c: Any) -> set[str]:
+    return {n.args[0] for n in _walk(c) if isinstance(n, Cond) and n.op in QUANTIFIERS}
+
+
 def _semantic_errors(rules: RuleSet) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     names = set()
@@ -722,19 +743,21 @@ def _semantic_errors(rules: RuleSet) -> list[tuple[int, str]]:
         conds = [*r.detect, *([r.when] if r.when else []), *([r.verify] if r.verify else [])]
         conds += [v for a in (*r.contain, *r.recover) for _, v in a.kwargs]
         for c in conds:
+            bound = _quantified(c)
             for node in _walk(c):
                 if isinstance(node, Cond) and node.op == "pred" and node.args[0] not in known:
                     out.append((r.line, f"{where}: unknown predicate {node.args[0]!r} "
                                         f"(registered: {sorted(known)})"))
-                if isinstance(node, Path_) and node.root not in ROOTS and not any(
+                if isinstance(node, Path_) and node.root not in ROOTS and node.root not in bound and not any(
                         node.root in m.params for m in rules.macros.values()):
                     out.append((r.line, f"{where}: unknown root {node.root!r} in {node.text()} "
                                         f"(roots: {', '.join(ROOTS)})"))
         if r.verify is not None and not r.recover:
             out.append((r.line, f"{where}: verify without recover actions"))
     for m in rules.macros.values():
+        bound = _quantified(m.body)
         for node in _walk(m.body):
-            if isinstance(node, Path_) and node.root not in ROOTS and node.root not in m.params:
+            if isinstance(node, Path_) and node.root not in ROOTS and node.root not in m.params and node.root not in bound:
                 out.append((0, f"predicate {m.name}: unknown name {node.root!r}"))
     return out
 
@@ -774,6 +797,8 @@ def cond_text(c: Cond) -> str:
         return f"{expr_text(c.args[0])} in {expr_text(c.args[1])}"
     if c.op == "semantic":
         return "semantic(" + ", ".join([json.dumps(c.args[0].value), *(expr_text(a) for a in c.args[1:])]) + ")"
+    if c.op in QUANTIFIERS:
+        return f"{c.op}({c.args[0]} in {expr_text(c.args[1])}: {cond_text(c.args[2])})"
     if c.op == "pred":
         return f"{c.args[0]}(" + ", ".join(expr_text(a) for a in c.args[1:]) + ")"
     raise TypeError(f"unknown condition {c.op!r}")
@@ -784,7 +809,7 @@ def action_text(a: Action) -> str:
         return f"{a.tool}(" + ", ".join(f"{k}={expr_text(v)}" for k, v in a.kwargs) + ")"
     if a.kind == "guide":
         return f"guide {json.dumps(a.text)}"
-    return a.kind
+    return a.kind                     # an enforcement keyword or undo
 
 
 def rule_text(r: Rule) -> str:
@@ -902,6 +927,18 @@ class Evaluator:
                 return a in b
             except TypeError:
                 return False
+        if op in QUANTIFIERS:
+            # any(x in S: c) / all(x in S: c): c with x bound to each item of S (a mapping's values, each with its
+            # key as ``key``); a missing or non-collection S makes both False, as does one over MAX_QUANT_ITEMS
+            var, coll, body = c.args
+            items = _items(resolve(coll, env))
+            if items is None:
+                return False
+            if len(items) > MAX_QUANT_ITEMS:
+                self.errors.append(f"{op}({var} in ...): {len(items)} items exceed the limit of {MAX_QUANT_ITEMS}")
+                return False
+            test = (self(body, {**env, var: item}) for item in items)
+            return any(test) if op == "any" else all(test)
         if op == "semantic":
             if self.semantic is None:
                 raise CheckError("semantic(...) check with no semantic backend configured")
@@ -927,6 +964,14 @@ class Evaluator:
                 self.errors.append(f"predicate {name} raised {type(exc).__name__}: {exc}")
                 return False
         raise ValueError(f"unknown condition {op!r}")
+
+
+def _items(coll: Any) -> list[Any] | None:
+    if isinstance(coll, Mapping):
+        return [{**v, "key": k} if isinstance(v, Mapping) and "key" not in v else v for k, v in coll.items()]
+    if isinstance(coll, list | tuple | set | frozenset):
+        return list(coll)
+    return None
 
 
 def mentions_root(c: Any, roots: set[str]) -> bool:

@@ -40,6 +40,15 @@ fresh episodes, eradicated rules only) and utility with and without AIR. Every (
 both suites runs, with a deterministic agent: the rates are computed once per process, are the same for every seed,
 and the card checks them ``exactly``.
 
+**AgentDojo v2** (issue #36, :func:`dojo_generic_metrics`): all four suites (banking, slack, workspace, travel)
+with the generic rules written once over each suite's tool manifest (``rules/generic.air``, ``manifest.py``), under
+AgentDojo's built-in attacks (``dojo_attacks``: the first is the development wording, the others held out), on
+``dojo_user_tasks`` evenly spaced user tasks per suite (quick 2, full 4) and every injection task; eradication
+develops on the development wording, the even positions of the chosen user tasks and the even-numbered injection
+tasks, and is tested on held-out user tasks, held-out wordings and held-out injection tasks (whole families).
+Arms ``dojo`` (pooled), ``dojo_<suite>``, ``dojo_attack_<attack>``, ``dojo_dev_attack``, ``dojo_heldout_attacks``;
+also deterministic and checked ``exactly``.
+
 Example:
     >>> import dataclasses
     >>> from icml26.air.experiment import PRESETS, run
@@ -95,12 +104,19 @@ class Config:
     """families per agent type (smoke uses fewer)"""
     agentdojo_suites: tuple[str, ...] = ("banking", "slack")
     """AgentDojo suites evaluated with the scripted compromised agent (extra ``agents-dojo``; empty: none)"""
+    dojo_suites: tuple[str, ...] = ("banking", "slack", "workspace", "travel")
+    """v2 protocol: suites run with the generic manifest rules under AgentDojo's built-in attacks (empty: none)"""
+    dojo_user_tasks: int = 2
+    """v2 protocol: user tasks per suite, evenly spaced over the suite (even positions: development)"""
+    dojo_attacks: tuple[str, ...] = ("direct", "important_instructions", "injecagent")
+    """v2 protocol: AgentDojo attacks run; the first is the development wording, the others are held out"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(families=3, agentdojo_suites=()),
+    "smoke": Config(families=3, agentdojo_suites=(), dojo_suites=()),
     "quick": Config(),
-    "full": Config(),
+    "full": Config(dojo_user_tasks=4, dojo_attacks=("direct", "ignore_previous", "system_message",
+                                                    "important_instructions", "tool_knowledge", "injecagent")),
 }
 
 
@@ -418,6 +434,8 @@ def run(cfg: Config) -> SeedRun:
             metrics[arm]["rules_synthesized"] = float(synthesized)
     if cfg.agentdojo_suites:
         metrics.update(agentdojo_metrics(tuple(cfg.agentdojo_suites)))
+    if cfg.dojo_suites:
+        metrics.update(dojo_generic_metrics(tuple(cfg.dojo_suites), cfg.dojo_user_tasks, tuple(cfg.dojo_attacks)))
     return SeedRun(metrics, series={"per_type": per_type}, units=units)
 
 
@@ -448,3 +466,46 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7)
     return [save_figure(fig, out_dir / f"{result['mode']}_rates.png")]
+
+
+def _spaced(names: Sequence[str], k: int) -> list[str]:
+    """``k`` task ids evenly spaced over a suite's tasks (in task order), the first always included."""
+    order = sorted(names, key=lambda n: int(n.rsplit("_", 1)[-1]))
+    if k >= len(order):
+        return order
+    return [order[round(i * (len(order) - 1) / max(k - 1, 1))] for i in range(k)] if k > 1 else order[:1]
+
+
+@functools.lru_cache(maxsize=4)
+def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int,
+                         attacks: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """The v2 AgentDojo protocol (deterministic: computed once per process): every suite with the generic rules
+    written once over its tool manifest (``rules/generic.air``), AgentDojo's built-in ``attacks`` (the first is
+    the development wording, the rest held out), ``user_tasks`` user tasks per suite (even positions develop
+    eradication, odd ones are held out) and every injection task (even-numbered ones develop eradication, the
+    odd-numbered incident families are held out whole). Arms: ``dojo`` (pooled), ``dojo_<suite>``,
+    ``dojo_attack_<attack>``, ``dojo_dev_attack`` and ``dojo_heldout_attacks``."""
+    from agentdojo.task_suite.load_suites import get_suite
+
+    from .integrations.agentdojo import BENCHMARK_VERSION, evaluate_attacks, summarize_attacks
+    from .manifest import agentdojo_manifest
+
+    rules = builtin_rules("generic")
+    dev = attacks[:1]
+    out: dict[str, dict[str, float]] = {}
+    pooled, benign = [], []
+    for suite in progress(suites, desc="air AgentDojo suites"):
+        spec = get_suite(BENCHMARK_VERSION, suite)
+        chosen = _spaced(list(spec.user_tasks), user_tasks)
+        families = [i for i in spec.injection_tasks if int(i.rsplit("_", 1)[-1]) % 2 == 0]
+        res, ben = evaluate_attacks(suite, rules, agentdojo_manifest(suite), attacks=attacks, dev_attacks=dev,
+                                    user_tasks=chosen, dev_user_tasks=chosen[::2], dev_injection_tasks=families)
+        pooled += res
+        benign += ben
+        out[f"dojo_{suite}"] = summarize_attacks(res, ben, dev)
+    for a in attacks:
+        out[f"dojo_attack_{a}"] = summarize_attacks([r for r in pooled if r.attack == a], benign, dev)
+    out["dojo_dev_attack"] = summarize_attacks([r for r in pooled if r.attack in dev], benign, dev)
+    out["dojo_heldout_attacks"] = summarize_attacks([r for r in pooled if r.attack not in dev], benign, dev)
+    out["dojo"] = summarize_attacks(pooled, benign, dev)
+    return out

@@ -57,3 +57,30 @@ def contains_any(text: Any, strings: Sequence[str]) -> bool:
 def mentions(task: str, value: Any) -> bool:
     """Whether the user's task contains ``value`` verbatim."""
     return isinstance(task, str) and str(value) in task
+
+
+@predicate("asked_for")
+def asked_for(task: str, effect: str) -> bool:
+    """Whether the user's task asks for an effect class (``destroys``, ``moves_money``, ...): one of the class's
+    request words (``manifest.EFFECT_INTENT``, written once per class) occurs in the task."""
+    from .manifest import EFFECT_INTENT
+
+    if not isinstance(task, str) or effect not in EFFECT_INTENT:
+        return False
+    return re.search(r"\b(?:" + EFFECT_INTENT[effect] + r")", task, flags=re.IGNORECASE) is not None
+
+
+@predicate("named_by_user")
+def named_by_user(task: str, value: Any) -> bool:
+    """Whether the user's task names ``value``, compared in normalised form (case, whitespace, invisible
+    characters, ``[at]``/``(dot)``), ignoring a URL scheme and ``www.``."""
+    from .responder import normalize
+
+    if not isinstance(task, str) or not isinstance(value, str | int | float) or isinstance(value, bool):
+        return False
+    v = _bare(normalize(str(value)))
+    return bool(v) and v in _bare(normalize(task))
+
+
+def _bare(s: str) -> str:
+    return re.sub(r"https?://|www\.", "", s).rstrip("/")

@@ -189,15 +189,19 @@ def instruction_strings(value: Any) -> set[str]:
 
 
 def tainted_strings(value: Any) -> set[str]:
-    """Strings in a tool output an agent might act on: addresses, URLs, paths, file names, and short values, in
+    """Strings in a tool output an agent might act on: addresses, URLs, paths, file names, short values and the
+    :func:`~icml26.air.manifest.entities` (addresses, links, domains, accounts, matched in any case), in
     their :func:`normalize` d form (the first ``MAX_SCAN_CHARS`` of each string are scanned, in linear time; nested
     values are walked without recursion)."""
+    from .manifest import entities
+
     out: set[str] = set()
     stack = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
             out.update(normalize(m.rstrip(".,;:)")) for m in _TAINT.findall(v[:MAX_SCAN_CHARS]))
+            out |= entities(v)                  # addresses, links, domains, accounts in any case
             if len(v) <= 120:
                 out.add(normalize(v))
         elif isinstance(v, Mapping):
@@ -295,6 +299,10 @@ class IncidentResponder:
             recovers through another tool is refused here, and such a call is never run. None: no restriction.
         schema: a :class:`~icml26.air.dsl.RuleSchema` the rules are checked against at construction.
         hook_budget_s: seconds one hook may spend on rules; past it the hook fails closed (blocks, logged).
+        manifest: a :class:`~icml26.air.manifest.Manifest` of the tools: binds ``call.effects``,
+            ``call.targets``, ``call.content`` and ``ctx.known_parties``, gives ``undo`` recovery its inverse
+            operations and, unless ``recovery_tools`` is given, makes the declared inverses the recovery
+            allowlist.
 
     A check that errs (an LLM timeout or unparseable answer, a predicate that raises, the time budget) never
     raises into the agent loop: the rule's ``fail`` policy decides (``closed``, the default: the rule fires;
@@ -309,7 +317,7 @@ class IncidentResponder:
                  recovery_mode: str = "direct", use_state: bool = True, use_context: bool = True,
                  log_path: str | os.PathLike[str] | None = None, rule_store: list[Rule] | None = None,
                  recovery_tools: Iterable[str] | None = None, schema: RuleSchema | None = None,
-                 hook_budget_s: float = 2.0):
+                 hook_budget_s: float = 2.0, manifest: Any = None):
         if recovery_mode not in ("direct", "guided"):
             raise ValueError(f"recovery_mode must be 'direct' or 'guided', got {recovery_mode!r}")
         if context_k < 1 or max_recovery_attempts < 1:
@@ -319,7 +327,17 @@ class IncidentResponder:
         if not hook_budget_s > 0:
             raise ValueError(f"hook_budget_s must be > 0, got {hook_budget_s!r}")
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules)
+        self.manifest = manifest
+        if recovery_tools is None and manifest is not None:
+            recovery_tools = manifest.recovery_tools()
         self.recovery_tools = frozenset(recovery_tools) if recovery_tools is not None else None
+        if manifest is None:
+            undo = next((r for r in self.rules if any(a.kind == "undo" for a in r.recover)), None)
+            if undo is not None:
+                from .dsl import RuleSyntaxError
+
+                raise RuleSyntaxError(f"rule {undo.name}: undo needs a tool manifest (none given)", line=undo.line,
+                                      column=1)
         base = schema or RuleSchema()
         problems = schema_errors(self.rules, RuleSchema(base.tools, base.state, self.recovery_tools if
                                                         self.recovery_tools is not None else base.recovery_tools,
@@ -361,17 +379,26 @@ class IncidentResponder:
         self.trace: list[TraceStep] = []
         self._pre: Mapping[str, Any] | None = None
         self._pre_ctx: dict[str, Any] | None = None
+        self._known: list[str] | None = None
         self._last_state = self.state.snapshot() if user_task and self._tracks_changes else None
         self.stopped = False
 
     def ctx(self) -> dict[str, Any]:
         if not self.use_context:
             return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
-                    "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step}
+                    "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step,
+                    "known_parties": []}
         return {"user_task": self.user_task, "steps": list(self.window), "step": self.step,
                 "strings_from_tool_outputs": NormalizedStrings(sorted(self.taint)),
                 "strings_from_instructions": NormalizedStrings(sorted(self.instruction_taint)),
-                **mentioned(self.user_task)}
+                "known_parties": self._known_parties(), **mentioned(self.user_task)}
+
+    def _known_parties(self) -> list[str]:
+        if self.manifest is None or not self.manifest.known or not self.use_state:
+            return NormalizedStrings()
+        if self._known is None:            # the parties the user deals with at the start of the episode
+            self._known = NormalizedStrings(self.manifest.known_parties(self.state.view()))
+        return self._known
 
     def _state(self) -> Any:
         return self.state.view() if self.use_state else {}
@@ -398,7 +425,7 @@ class IncidentResponder:
         self._pre = self.state.snapshot()              # a copy nobody mutates: the trace keeps it as is
         self._pre_ctx = self.ctx()
         if call.origin == "agent":
-            self.trace.append(TraceStep(call.view(), self._pre if self.use_state else {}, self._pre_ctx))
+            self.trace.append(TraceStep(self._call_view(call), self._pre if self.use_state else {}, self._pre_ctx))
         if call.name in self.quarantined and call.origin == "agent":
             d = Decision("block", f"the tool {call.name} is quarantined after an incident in this episode")
         elif call.origin == "agent" and _signature(call) in self.blocked_calls:
@@ -448,9 +475,17 @@ class IncidentResponder:
     # ---------------------------------------------------------------------------------------- internals
     def _bindings(self, call: ToolCall | None, result: Any, state: Any = None) -> dict[str, Any]:
         state = state if state is not None and self.use_state else self._state()
-        return {"call": call.view() if call is not None else None, "result": result, "state": state,
+        return {"call": self._call_view(call) if call is not None else None, "result": result, "state": state,
                 "snap": {"pre_step": (self._pre if self._pre is not None else {}) if self.use_state else {}},
                 "ctx": self.ctx()}
+
+    def _call_view(self, call: ToolCall) -> dict[str, Any]:
+        v = call.view()
+        if self.manifest is not None:
+            v.update(self.manifest.call_fields(call.name, call.args))
+        else:
+            v.update(effects=[], targets=[], content=[], content_entities=[])
+        return v
 
     def _fires(self, rule: Rule, env: Mapping[str, Any]) -> bool:
         ev = self.evaluator
@@ -563,9 +598,29 @@ class IncidentResponder:
             self.episode_rules.append(Rule(**{**cand.__dict__, "name": f"{rule.name}__contain",
                                               "provenance": "containment"}))
 
+    def _undo_call(self, rule: Rule, inc: Incident) -> ToolCall | None:
+        call = inc.bindings.get("call")
+        if self.manifest is None or not call:
+            return None
+        pre, post = inc.bindings.get("snap", {}).get("pre_step", {}), inc.bindings.get("state", {})
+        try:
+            c = self.manifest.inverse_call(call["name"], call["args"], pre, post)
+        except Exception as exc:            # a binding that cannot be read: logged, no recovery call
+            inc.log("recover", error=f"undo: {type(exc).__name__}: {exc}")
+            return None
+        if c is None:
+            inc.log("recover", undo=call["name"], reason="no inverse operation (irreversible) or unbound argument")
+            return None
+        return ToolCall(c.name, dict(c.args), origin="air", issued_by=rule.name)
+
     def _recovery_calls(self, rule: Rule, inc: Incident) -> list[ToolCall]:
         calls = []
         for a in rule.recover:
+            if a.kind == "undo":
+                c = self._undo_call(rule, inc)
+                if c is not None and (self.recovery_tools is None or c.name in self.recovery_tools):
+                    calls.append(c)
+                continue
             if a.kind != "tool":
                 continue
             if self.recovery_tools is not None and a.tool not in self.recovery_tools:
@@ -576,6 +631,11 @@ class IncidentResponder:
         return calls
 
     def _verified(self, rule: Rule, inc: Incident) -> bool:
+        if rule.verify is None and any(a.kind == "undo" for a in rule.recover):
+            call = inc.bindings.get("call") or {}       # undo is verified on the resources the tool writes
+            pre = inc.bindings.get("snap", {}).get("pre_step", {})
+            return self.manifest is not None and bool(call) and self.manifest.restored(
+                call["name"], call["args"], pre, self._state())
         if rule.verify is None:
             return True
         env = {**inc.bindings, "state": self._state(), "incident": inc.evidence}
