@@ -13,5 +13,15 @@ from .clustering import ConfusionGraphClusterer, RoundTripConfusion, load_cluste
 from .codec import Codec, FrameCodec, check_wave, train_codec
 from .watermark import ClusteredKGW, keyed_seed
 
-__all__ = ["ClusteredKGW", "Codec", "ConfusionGraphClusterer", "FrameCodec", "RoundTripConfusion", "check_wave",
-           "keyed_seed", "load_cluster_map", "save_cluster_map", "train_codec"]
+__all__ = [
+    "ClusteredKGW",
+    "Codec",
+    "ConfusionGraphClusterer",
+    "FrameCodec",
+    "RoundTripConfusion",
+    "check_wave",
+    "keyed_seed",
+    "load_cluster_map",
+    "save_cluster_map",
+    "train_codec",
+]

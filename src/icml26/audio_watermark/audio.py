@@ -50,12 +50,16 @@ VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp")
 
 def _espeak(text: str, voice: str, speed: int, pitch: int) -> np.ndarray:
     exe = require_program("espeak-ng", apt="espeak-ng", purpose="the embedded speech corpus")
-    raw = subprocess.run([exe, "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
-                         capture_output=True, check=True, timeout=60).stdout
+    raw = subprocess.run(
+        [exe, "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
     if raw[:4] != b"RIFF" or len(raw) < 46:
         raise RuntimeError(f"espeak-ng returned no WAV data for voice {voice!r}")
-    pcm = np.frombuffer(raw[44:len(raw) - (len(raw) - 44) % 2], dtype="<i2").astype(np.float32) / 32768.0
-    return resample_poly(pcm, 160, 221).astype(np.float32)           # 22050 Hz -> 16 kHz
+    pcm = np.frombuffer(raw[44 : len(raw) - (len(raw) - 44) % 2], dtype="<i2").astype(np.float32) / 32768.0
+    return resample_poly(pcm, 160, 221).astype(np.float32)  # 22050 Hz -> 16 kHz
 
 
 def speech_corpus(n: int = 60, *, cache: Path | None = None) -> list[np.ndarray]:
@@ -81,7 +85,9 @@ def speech_corpus(n: int = 60, *, cache: Path | None = None) -> list[np.ndarray]
 
 def _tone(freq: float, n: int, harmonics: np.ndarray, decay: float) -> np.ndarray:
     t = np.arange(n) / SR
-    wave = sum(a * np.sin(2 * np.pi * freq * (k + 1) * t) for k, a in enumerate(harmonics) if freq * (k + 1) < SR / 2)
+    wave = sum(
+        a * np.sin(2 * np.pi * freq * (k + 1) * t) for k, a in enumerate(harmonics) if freq * (k + 1) < SR / 2
+    )
     attack = min(n, int(0.01 * SR))
     env = np.exp(-decay * t)
     env[:attack] *= np.linspace(0.0, 1.0, attack)
@@ -109,19 +115,23 @@ def music_corpus(n: int = 20, *, seconds: float = 5.0, seed: int = 0) -> list[np
         decay = rng.uniform(2.0, 8.0)
         x = np.zeros(total + 2 * SR)
         pos = 0
-        while pos < total:                                          # melody
+        while pos < total:  # melody
             length = beat // 2 if rng.random() < 0.6 else beat
             midi = root + 12 + scale[rng.integers(len(scale))] + 12 * int(rng.integers(0, 2))
-            x[pos:pos + length] += 0.5 * _tone(440.0 * 2 ** ((midi - 69) / 12), length, harmonics, decay)
+            x[pos : pos + length] += 0.5 * _tone(440.0 * 2 ** ((midi - 69) / 12), length, harmonics, decay)
             pos += length
-        for b, pos in enumerate(range(0, total, beat)):             # bass, kick, hi-hat
+        for b, pos in enumerate(range(0, total, beat)):  # bass, kick, hi-hat
             midi = root - 12 + scale[[0, 0, 3, 2][b % 4]]
-            x[pos:pos + beat] += 0.4 * _tone(440.0 * 2 ** ((midi - 69) / 12), beat, np.array([1.0, 0.3]), 3.0)
+            x[pos : pos + beat] += 0.4 * _tone(
+                440.0 * 2 ** ((midi - 69) / 12), beat, np.array([1.0, 0.3]), 3.0
+            )
             k = np.arange(min(beat, int(0.15 * SR))) / SR
-            x[pos:pos + len(k)] += 0.6 * np.sin(2 * np.pi * (50 * k + 250 * (1 - np.exp(-k * 30)) / 30)) * np.exp(-k * 25)
+            x[pos : pos + len(k)] += (
+                0.6 * np.sin(2 * np.pi * (50 * k + 250 * (1 - np.exp(-k * 30)) / 30)) * np.exp(-k * 25)
+            )
             h = rng.normal(0, 1, int(0.03 * SR))
             h = np.diff(h, prepend=0.0) * np.exp(-np.arange(len(h)) / (0.008 * SR))
-            x[pos + beat // 2:pos + beat // 2 + len(h)] += 0.15 * h
+            x[pos + beat // 2 : pos + beat // 2 + len(h)] += 0.15 * h
         x = x[:total]
         out.append((0.9 * x / max(float(np.abs(x).max()), 1e-6)).astype(np.float32))
     return out
@@ -129,7 +139,7 @@ def music_corpus(n: int = 20, *, seconds: float = 5.0, seed: int = 0) -> list[np
 
 # ------------------------------------------------------------------------------------------------- attacks
 def _noise(x: np.ndarray, rng: np.random.Generator, snr_db: float = 20.0) -> np.ndarray:
-    p = float(np.mean(x ** 2)) + 1e-12
+    p = float(np.mean(x**2)) + 1e-12
     return (x + rng.normal(0, np.sqrt(p / 10 ** (snr_db / 10)), x.shape)).astype(np.float32)
 
 
@@ -152,7 +162,7 @@ def _speed(x: np.ndarray, rng: np.random.Generator, factor: float = 1.1) -> np.n
 
 
 def _crop(x: np.ndarray, rng: np.random.Generator, seconds: float = 0.3) -> np.ndarray:
-    return x[int(seconds * SR):].copy()
+    return x[int(seconds * SR) :].copy()
 
 
 def _amplitude(x: np.ndarray, rng: np.random.Generator, gain: float = 0.5) -> np.ndarray:
@@ -179,9 +189,17 @@ def _mp3(x: np.ndarray, rng: np.random.Generator, bitrate: int = 64) -> np.ndarr
 
 
 ATTACKS: dict[str, Callable[[np.ndarray, np.random.Generator], np.ndarray]] = {
-    "identity": lambda x, rng: x.copy(), "noise": _noise, "lowpass": _lowpass, "smooth": _smooth,
-    "resample": _resample, "speed": _speed, "crop": _crop, "amplitude": _amplitude, "requantise": _requantise,
-    "mp3": _mp3}
+    "identity": lambda x, rng: x.copy(),
+    "noise": _noise,
+    "lowpass": _lowpass,
+    "smooth": _smooth,
+    "resample": _resample,
+    "speed": _speed,
+    "crop": _crop,
+    "amplitude": _amplitude,
+    "requantise": _requantise,
+    "mp3": _mp3,
+}
 
 
 def apply_attack(name: str, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -54,7 +54,11 @@ class RoundTripConfusion:
         if other.V != self.V:
             raise ValueError("cannot merge confusion matrices of different vocabularies")
         out = RoundTripConfusion(self.V)
-        out.M, out.total, out.matched = self.M + other.M, self.total + other.total, self.matched + other.matched
+        out.M, out.total, out.matched = (
+            self.M + other.M,
+            self.total + other.total,
+            self.matched + other.matched,
+        )
         return out
 
     def match_rate(self) -> float:
@@ -64,8 +68,15 @@ class RoundTripConfusion:
 class ConfusionGraphClusterer(BaseEstimator):
     """Communities of the confusion graph (see the module docstring)."""
 
-    def __init__(self, method: str = "leiden", min_count: int = 1, resolution: float = 1.0, directed: bool = True,
-                 seed: int = 27, min_clusters: int | None = None):
+    def __init__(
+        self,
+        method: str = "leiden",
+        min_count: int = 1,
+        resolution: float = 1.0,
+        directed: bool = True,
+        seed: int = 27,
+        min_clusters: int | None = None,
+    ):
         self.method, self.min_count, self.resolution = method, min_count, resolution
         self.directed, self.seed, self.min_clusters = directed, seed, min_clusters
 
@@ -75,10 +86,17 @@ class ConfusionGraphClusterer(BaseEstimator):
             ig = requires("igraph", extra="audio", purpose="the confusion graph")
             la = requires("leidenalg", extra="audio", purpose="Leiden community detection")
             src, dst = np.nonzero(W)
-            g = ig.Graph(n=V, edges=list(zip(src.tolist(), dst.tolist(), strict=True)), directed=self.directed)
+            g = ig.Graph(
+                n=V, edges=list(zip(src.tolist(), dst.tolist(), strict=True)), directed=self.directed
+            )
             g.es["weight"] = W[src, dst].astype(float).tolist()
-            part = la.find_partition(g, la.RBConfigurationVertexPartition, weights="weight",
-                                     resolution_parameter=resolution, seed=self.seed)
+            part = la.find_partition(
+                g,
+                la.RBConfigurationVertexPartition,
+                weights="weight",
+                resolution_parameter=resolution,
+                seed=self.seed,
+            )
             return np.asarray(part.membership)
         if self.method == "louvain":
             nx = requires("networkx", extra="audio", purpose="Louvain community detection")
@@ -88,8 +106,9 @@ class ConfusionGraphClusterer(BaseEstimator):
             for i, j in zip(*np.nonzero(np.triu(sym, 1)), strict=True):
                 g.add_edge(int(i), int(j), weight=float(sym[i, j]))
             labels = np.zeros(V, dtype=int)
-            for c, members in enumerate(nx.community.louvain_communities(g, weight="weight", resolution=resolution,
-                                                                         seed=self.seed)):
+            for c, members in enumerate(
+                nx.community.louvain_communities(g, weight="weight", resolution=resolution, seed=self.seed)
+            ):
                 labels[list(members)] = c
             return labels
         raise ValueError(f"method must be 'leiden' or 'louvain', got {self.method!r}")
@@ -151,6 +170,7 @@ def load_cluster_map(path: str | Path, *, codec_fingerprint: str) -> np.ndarray:
     """Read a cluster map; ``ValueError`` when it was built for another codec."""
     data = json.loads(Path(path).read_text())
     if data.get("codec") != codec_fingerprint:
-        raise ValueError(f"the cluster map in {path} was built for codec {data.get('codec')!r}, not "
-                         f"{codec_fingerprint!r}")
+        raise ValueError(
+            f"the cluster map in {path} was built for codec {data.get('codec')!r}, not {codec_fingerprint!r}"
+        )
     return np.asarray(data["labels"], dtype=np.int64)

@@ -32,7 +32,8 @@ FRAME, HOP = 640, 320
 
 
 class Codec(Protocol):
-    """``encode(wave) -> tokens (T,)``; ``decode(tokens) -> wave``; ``codebook_size``; ``fingerprint``."""
+    """``encode(wave) -> tokens (T,)`` (or ``(levels, T)`` for RVQ); ``decode(tokens) -> wave``; ``codebook_size``;
+    ``fingerprint``."""
 
     codebook_size: int
     fingerprint: str
@@ -42,12 +43,15 @@ class Codec(Protocol):
     def decode(self, tokens: np.ndarray) -> np.ndarray: ...
 
 
-def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: int = 16_000,
-               min_seconds: float = 0.1) -> np.ndarray:
+def check_wave(
+    wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: int = 16_000, min_seconds: float = 0.1
+) -> np.ndarray:
     """A mono float waveform at the codec's rate, long enough and not silent; ``ValueError`` otherwise."""
     x = np.asarray(wave)
     if sample_rate != expected_rate:
-        raise ValueError(f"audio must be sampled at {expected_rate} Hz, got {sample_rate} Hz (resample it first)")
+        raise ValueError(
+            f"audio must be sampled at {expected_rate} Hz, got {sample_rate} Hz (resample it first)"
+        )
     if x.ndim != 1:
         raise ValueError(f"audio must be mono, shape (samples,), got shape {x.shape}")
     if not np.issubdtype(x.dtype, np.floating):
@@ -55,7 +59,9 @@ def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: in
     if not np.isfinite(x).all():
         raise ValueError("audio contains NaN or infinity")
     if len(x) < max(FRAME, int(min_seconds * expected_rate)):
-        raise ValueError(f"audio is too short: {len(x)} samples, need at least {max(FRAME, int(min_seconds * expected_rate))}")
+        raise ValueError(
+            f"audio is too short: {len(x)} samples, need at least {max(FRAME, int(min_seconds * expected_rate))}"
+        )
     if not np.abs(x).max() > 0:
         raise ValueError("audio is silent (all samples are zero): there is nothing to encode or detect")
     return x.astype(np.float32)
@@ -64,19 +70,36 @@ def check_wave(wave: np.ndarray, sample_rate: int = 16_000, *, expected_rate: in
 class FrameCodec(nn.Module):
     """The frame codec (see the module docstring)."""
 
-    def __init__(self, codebook_size: int = 128, dim: int = 16, hidden: int = 512, seed: int = 0):
+    levels: int = 1
+    """RVQ levels (a class default, so codecs pickled before RVQ existed load as one level)"""
+
+    def __init__(
+        self, codebook_size: int = 128, dim: int = 16, hidden: int = 512, seed: int = 0, levels: int = 1
+    ):
         super().__init__()
+        if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+            raise ValueError(f"levels must be a positive integer, got {levels!r}")
         vq = requires("vector_quantize_pytorch", extra="audio", purpose="the frame codec's quantiser")
         g = torch.random.fork_rng(devices=[])
         with g:
             torch.manual_seed(seed)
             self.enc = nn.Sequential(nn.Linear(FRAME // 2 + 1, hidden), nn.GELU(), nn.Linear(hidden, dim))
             self.dec = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, FRAME))
-            self.vq = vq.VectorQuantize(dim=dim, codebook_size=codebook_size, decay=0.9, commitment_weight=0.25,
-                                        kmeans_init=True, kmeans_iters=10, threshold_ema_dead_code=2)
-        self.codebook_size, self.seed = codebook_size, seed
+            opts = dict(
+                decay=0.9,
+                commitment_weight=0.25,
+                kmeans_init=True,
+                kmeans_iters=10,
+                threshold_ema_dead_code=2,
+            )
+            if levels == 1:
+                self.vq = vq.VectorQuantize(dim=dim, codebook_size=codebook_size, **opts)
+            else:  # residual VQ: level l quantises what levels < l left over
+                self.vq = vq.ResidualVQ(dim=dim, num_quantizers=levels, codebook_size=codebook_size, **opts)
+        self.codebook_size, self.seed, self.levels = codebook_size, seed, levels
         self.register_buffer("window", torch.hann_window(FRAME, periodic=True))
-        self.fingerprint = f"framecodec2-K{codebook_size}-d{dim}-s{seed}"
+        level_tag = "" if levels == 1 else f"-L{levels}"
+        self.fingerprint = f"framecodec2-K{codebook_size}-d{dim}{level_tag}-s{seed}"
 
     def frames(self, x: torch.Tensor) -> torch.Tensor:
         """(B, S) -> (B, T, FRAME) windowed frames (no padding: T = (S - FRAME) // HOP + 1)."""
@@ -88,10 +111,18 @@ class FrameCodec(nn.Module):
 
     def overlap_add(self, frames: torch.Tensor, length: int) -> torch.Tensor:
         b, t, _ = frames.shape
-        out = torch.nn.functional.fold((frames * self.window).transpose(1, 2), output_size=(1, length),
-                                       kernel_size=(1, FRAME), stride=(1, HOP))
-        norm = torch.nn.functional.fold((self.window ** 2).expand(b, t, FRAME).transpose(1, 2),
-                                        output_size=(1, length), kernel_size=(1, FRAME), stride=(1, HOP))
+        out = torch.nn.functional.fold(
+            (frames * self.window).transpose(1, 2),
+            output_size=(1, length),
+            kernel_size=(1, FRAME),
+            stride=(1, HOP),
+        )
+        norm = torch.nn.functional.fold(
+            (self.window**2).expand(b, t, FRAME).transpose(1, 2),
+            output_size=(1, length),
+            kernel_size=(1, FRAME),
+            stride=(1, HOP),
+        )
         return (out / norm.clamp(min=1e-3))[:, 0, 0]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,22 +134,33 @@ class FrameCodec(nn.Module):
         x = torch.from_numpy(check_wave(wave))[None]
         self.eval()
         _, idx, _ = self.vq(self.latents(x))
-        return idx[0].numpy().astype(np.int64)
+        out = idx[0].numpy().astype(np.int64)
+        return out if self.levels == 1 else np.ascontiguousarray(out.T)  # (levels, T) for RVQ
 
     @torch.no_grad()
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-        if t.ndim != 1 or len(t) == 0:
-            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tuple(t.shape)}")
+        want = "a non-empty 1-D sequence" if self.levels == 1 else f"shape ({self.levels}, T) with T >= 1"
+        if (
+            t.ndim != (1 if self.levels == 1 else 2)
+            or t.shape[-1] == 0
+            or (self.levels > 1 and t.shape[0] != self.levels)
+        ):
+            raise ValueError(f"tokens must be {want}, got shape {tuple(t.shape)}")
         if int(t.min()) < 0 or int(t.max()) >= self.codebook_size:
             raise ValueError(f"tokens must be in [0, {self.codebook_size})")
         self.eval()
-        q = self.vq.get_codes_from_indices(t[None])
-        length = (len(t) - 1) * HOP + FRAME
+        if self.levels == 1:
+            q = self.vq.get_codes_from_indices(t[None])
+        else:  # the sum of the levels' code vectors
+            q = self.vq.get_output_from_indices(t.T[None])
+        length = (t.shape[-1] - 1) * HOP + FRAME
         return self.overlap_add(self.dec(q), length)[0].numpy()
 
     def codebook(self) -> np.ndarray:
-        """(K, d) codebook vectors."""
+        """(K, d) codebook vectors ((levels, K, d) for RVQ)."""
+        if self.levels > 1:
+            return self.vq.codebooks.detach().numpy()
         return self.vq.codebook.detach().numpy().reshape(self.codebook_size, -1)
 
 
@@ -132,15 +174,27 @@ def stft_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return loss
 
 
-def train_codec(utterances: Sequence[np.ndarray], *, codebook_size: int = 128, dim: int = 16, steps: int = 600,
-                batch: int = 16, seconds: float = 1.0, lr: float = 1e-3, seed: int = 0,
-                desc: str | None = "codec") -> FrameCodec:
+def train_codec(
+    utterances: Sequence[np.ndarray],
+    *,
+    codebook_size: int = 128,
+    dim: int = 16,
+    steps: int = 600,
+    batch: int = 16,
+    seconds: float = 1.0,
+    lr: float = 1e-3,
+    seed: int = 0,
+    desc: str | None = "codec",
+    levels: int = 1,
+) -> FrameCodec:
     """Train a :class:`FrameCodec` on random 1 s crops of ``utterances`` (Adam, cosine decay of ``lr`` to 0)."""
     if steps < 1 or batch < 1:
         raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
-    codec = FrameCodec(codebook_size, dim, seed=seed)
+    codec = FrameCodec(codebook_size, dim, seed=seed, levels=levels)
     opt = torch.optim.Adam([p for n, p in codec.named_parameters() if not n.startswith("vq")], lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + np.cos(np.pi * min(i, steps) / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: 0.5 * (1 + np.cos(np.pi * min(i, steps) / steps))
+    )
     rng = np.random.default_rng(seed)
     n = int(seconds * 16_000)
     pool = [u for u in utterances if len(u) > n]
@@ -148,24 +202,30 @@ def train_codec(utterances: Sequence[np.ndarray], *, codebook_size: int = 128, d
         raise ValueError("no utterance is longer than the training crop")
     codec.train()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)                        # the quantiser's k-means init and dead-code resets
+        torch.manual_seed(seed)  # the quantiser's k-means init and dead-code resets
         for _ in progress(range(steps), desc=desc) if desc else range(steps):
             _train_step(codec, opt, pool, rng, n, batch)
             sched.step()
     return codec.eval()
 
 
-def _train_step(codec: FrameCodec, opt: torch.optim.Optimizer, pool: list[np.ndarray], rng: np.random.Generator,
-                n: int, batch: int) -> None:
+def _train_step(
+    codec: FrameCodec,
+    opt: torch.optim.Optimizer,
+    pool: list[np.ndarray],
+    rng: np.random.Generator,
+    n: int,
+    batch: int,
+) -> None:
     """One Adam step on a batch of random crops."""
     crops = []
     for _ in range(batch):
         u = pool[int(rng.integers(len(pool)))]
         s = int(rng.integers(0, len(u) - n))
-        crops.append(u[s:s + n])
+        crops.append(u[s : s + n])
     x = torch.from_numpy(np.stack(crops))
     y, _, commit = codec(x)
-    edge = FRAME                                   # the ends are covered by one frame only
+    edge = FRAME  # the ends are covered by one frame only
     loss = (y - x)[:, edge:-edge].abs().mean() + stft_loss(x[:, edge:-edge], y[:, edge:-edge]) + commit
     if not torch.isfinite(loss):
         raise FloatingPointError("codec loss is not finite")
