@@ -15,7 +15,11 @@ from icml26.ps_ppo import (
     prefix_sampled_policy_loss,
 )
 
-LAWS = [UniformCutoff(), GeometricCutoff(0.3), MixtureCutoff([UniformCutoff(), GeometricCutoff(0.5)], [0.4, 0.6])]
+LAWS = [
+    UniformCutoff(),
+    GeometricCutoff(0.3),
+    MixtureCutoff([UniformCutoff(), GeometricCutoff(0.5)], [0.4, 0.6]),
+]
 
 
 @pytest.mark.parametrize("law", LAWS, ids=lambda x: type(x).__name__)
@@ -30,7 +34,7 @@ def test_survival_matches_sampling_and_weights_average_to_one(law):
     q = S - torch.cat([S[:, 1:], torch.zeros(3, 1)], dim=1)
     for i, L in enumerate(lengths.tolist()):
         for t in range(1, L + 1):
-            assert float(q[i, t - 1:L].sum() / S[i, t - 1]) == pytest.approx(1.0, abs=1e-6)
+            assert float(q[i, t - 1 : L].sum() / S[i, t - 1]) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_prompt_conditioned_and_adaptive_laws():
@@ -53,8 +57,9 @@ def test_full_cutoffs_give_the_dr_grpo_loss_by_hand():
     old = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.5]]))
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 2)
-    loss, stats = prefix_sampled_policy_loss(logps, old, adv, mask, torch.tensor([2, 2]), torch.ones(2, 2),
-                                             clip_eps=0.2, max_len=4)
+    loss, stats = prefix_sampled_policy_loss(
+        logps, old, adv, mask, torch.tensor([2, 2]), torch.ones(2, 2), clip_eps=0.2, max_len=4
+    )
     # ratios: row 0 (1, 0.5) with A = 1 -> min(1, 1) = 1, min(0.5, 0.8) = 0.5;
     #         row 1 (2, 1) with A = -1 -> min(-2, -1.2) = -2, min(-1, -1) = -1
     assert loss.item() == pytest.approx(-(1.0 + 0.5 - 2.0 - 1.0) / (2 * 4))
@@ -64,8 +69,14 @@ def test_full_cutoffs_give_the_dr_grpo_loss_by_hand():
 def test_bad_input():
     logps = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="zero mass on a reachable position"):
-        prefix_sampled_policy_loss(logps, logps, torch.ones(2), torch.ones(2, 3), torch.tensor([3, 3]),
-                                   torch.tensor([[1.0, 0.5, 0.0], [1.0, 1.0, 1.0]]))
+        prefix_sampled_policy_loss(
+            logps,
+            logps,
+            torch.ones(2),
+            torch.ones(2, 3),
+            torch.tensor([3, 3]),
+            torch.tensor([[1.0, 0.5, 0.0], [1.0, 1.0, 1.0]]),
+        )
     with pytest.raises(ValueError, match="probability"):
         GeometricCutoff(1.5)
     with pytest.raises(ValueError, match="probability"):
@@ -75,5 +86,6 @@ def test_bad_input():
     with pytest.raises(ValueError, match="sum to 1"):
         MixtureCutoff([UniformCutoff()], [0.5])
     with pytest.raises(ValueError, match="shape"):
-        prefix_sampled_policy_loss(logps, logps[:, :2], torch.ones(2), torch.ones(2, 3), torch.tensor([1, 1]),
-                                   torch.ones(2, 3))
+        prefix_sampled_policy_loss(
+            logps, logps[:, :2], torch.ones(2), torch.ones(2, 3), torch.tensor([1, 1]), torch.ones(2, 3)
+        )

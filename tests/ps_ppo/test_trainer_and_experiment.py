@@ -26,11 +26,21 @@ def test_trainer_config_errors(tmp_path):
         PSGRPOTrainer("unused", reward_funcs=lambda **kw: [0.0], args=cfg)
     with pytest.raises(ValueError, match="cutoff must be"):
         cutoff_law("poisson")
+    assert type(cutoff_law("full_mixed", mix=0.25, stratified=True)).__name__ == "StratifiedCutoff"
 
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("ps_ppo", tmp_path, mode="smoke")
-    assert {c["id"] for c in data["claims"]} == {"accuracy", "update_compute", "peak_memory", "unbiased"}
+    assert {c["id"] for c in data["claims"]} == {
+        "accuracy_at_half_tokens",
+        "accuracy_equivalence",
+        "accuracy_equivalence_mixed",
+        "update_compute",
+        "update_cpu",
+        "peak_memory",
+        "rl_room",
+        "unbiased",
+    }
     assert data["arms"]["grpo"]["kept_completion_fraction"]["mean"] == 1.0
     assert data["arms"]["grpo"]["update_tokens"]["unit"] == "updates"
     assert (tmp_path / "ps_ppo" / "smoke_accuracy_vs_tokens.png").is_file()
@@ -38,17 +48,33 @@ def test_smoke_run_through_the_cli(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    cfg = dataclasses.replace(PRESETS["smoke"], iterations=2, eval_prompts=8, unbiased_draws=(10, 20),
-                              unbiased_replications=3)
+    cfg = dataclasses.replace(
+        PRESETS["smoke"],
+        iterations=1,
+        eval_prompts=8,
+        val_prompts=4,
+        lrs=(1e-4, 3e-4),
+        unbiased_draws=(10, 20),
+        unbiased_replications=3,
+        arms=("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted"),
+    )
     return cfg, run(cfg)
 
 
 def test_units_pair_across_arms_and_average_to_the_metrics(tiny_run):
     cfg, out = tiny_run
     prompts, updates, reps = out.units["prompts"], out.units["updates"], out.units["replications"]
-    assert set(prompts) == set(updates) == set(ARMS) and set(reps) == {"ps_ppo"}
-    assert {len(m["accuracy"]) for m in prompts.values()} == {cfg.eval_prompts}
-    assert all(set(m["accuracy"]) <= {0.0, 1.0} for m in prompts.values())
+    assert set(prompts) == {"sft", *cfg.arms} and set(updates) == set(cfg.arms) and set(reps) == {"ps_ppo"}
+    assert set(out.series["chosen_lr"]) == set(updates) and set(out.series["chosen_lr"].values()) <= set(
+        cfg.lrs
+    )
+    assert {a for a, m in prompts.items() if "accuracy_at_budget" in m} == {
+        "ps_ppo",
+        "ps_ppo_mixed",
+        "ps_ppo_unweighted",
+    }
+    assert {len(v) for m in prompts.values() for v in m.values()} == {cfg.eval_prompts}
+    assert all(set(v) <= {0.0, 1.0} for m in prompts.values() for v in m.values())
     assert {len(v) for m in updates.values() for v in m.values()} == {cfg.iterations}
     assert {len(v) for v in reps["ps_ppo"].values()} == {cfg.unbiased_replications}
     for by_arm in out.units.values():
@@ -57,8 +83,12 @@ def test_units_pair_across_arms_and_average_to_the_metrics(tiny_run):
                 assert out.metrics[arm][name] == pytest.approx(float(np.mean(values)), rel=1e-12)
     # GRPO keeps every completion token; a prefix arm keeps fewer token positions on every update
     assert updates["grpo"]["kept_completion_fraction"] == [1.0] * cfg.iterations
-    assert all(p < g for p, g in zip(updates["ps_ppo"]["update_tokens"], updates["grpo"]["update_tokens"],
-                                     strict=True))
+    assert all(
+        p < g
+        for p, g in zip(updates["ps_ppo"]["update_tokens"], updates["grpo"]["update_tokens"], strict=True)
+    )
+    # two PPO epochs: the second epoch's ratios move, so the clip can act
+    assert all(0.0 <= c <= 1.0 for m in updates.values() for c in m["clip_fraction"])
     # independent sequences of cutoff draws give different slopes
     assert len(set(reps["ps_ppo"]["grad_error_slope"])) == cfg.unbiased_replications
 
@@ -72,6 +102,12 @@ def test_same_seed_same_numbers(tiny_run):
 def test_bad_config():
     with pytest.raises(ValueError, match="unbiased_replications"):
         run(dataclasses.replace(PRESETS["smoke"], unbiased_replications=0))
+    with pytest.raises(ValueError, match="lrs"):
+        run(dataclasses.replace(PRESETS["smoke"], lrs=()))
+    with pytest.raises(ValueError, match="arms"):
+        run(dataclasses.replace(PRESETS["smoke"], arms=("ps_ppo", "grpo")))
+    with pytest.raises(ValueError, match="budget"):
+        run(dataclasses.replace(PRESETS["smoke"], budget=1.5))
 
 
 @pytest.mark.slow
@@ -81,6 +117,11 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     # order (SIMD width, BLAS kernels), which can flip a few sampled rollouts and greedy answers; 0.05 is 30 of
     # the 600 held-out prompts. update_cpu_ms is a timing (machine- and load-dependent) and is not compared.
     # Token positions and activation bytes follow from the rollouts' lengths (about 5 %).
+    # With two learning rates per arm a flipped validation tie can change an arm's chosen learning rate; the
+    # verdicts are compared exactly. Positions: about 5 % of an update's ~4,000.
     tol = {f"{arm}.update_cpu_ms": 1e6 for arm in ARMS}
-    tol |= {f"{arm}.update_tokens": 50.0 for arm in ARMS} | {f"{arm}.peak_activation_mb": 0.25 for arm in ARMS}
+    tol |= {f"{arm}.update_tokens": 200.0 for arm in ARMS} | {
+        f"{arm}.peak_activation_mb": 0.25 for arm in ARMS
+    }
+    tol |= {f"{arm}.saved_activation_mb": 1.0 for arm in ARMS}
     assert_matches_committed(data, atol=0.05, metrics=tol)

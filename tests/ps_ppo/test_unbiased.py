@@ -24,19 +24,33 @@ def lab():
     return tiny_causal_lm(len(tok), hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, seed=0), tok
 
 
-@pytest.mark.parametrize("law", [UniformCutoff(), MixtureCutoff([UniformCutoff(), GeometricCutoff(0.25)], [0.5, 0.5])],
-                         ids=["uniform", "mixed"])
+@pytest.mark.parametrize(
+    "law",
+    [UniformCutoff(), MixtureCutoff([UniformCutoff(), GeometricCutoff(0.25)], [0.5, 0.5])],
+    ids=["uniform", "mixed"],
+)
 def test_mean_truncated_gradient_converges_to_the_full_gradient(lab, law):
     model, tok = lab
-    errors, cos = gradient_unbiasedness(model, tok, PROMPTS, COMPLETIONS, ADV, law, [100, 400, 1600, 6400], seed=0)
+    errors, cos = gradient_unbiasedness(
+        model, tok, PROMPTS, COMPLETIONS, ADV, law, [100, 400, 1600, 6400], seed=0
+    )
     assert errors[-1] < 0.05 and cos > 0.998
     assert errors[-1] < errors[0] / 3  # shrinking like n^(-1/2) (a factor 8 expected over 64x the draws)
 
 
 def test_a_token_count_normaliser_is_biased(lab):
     model, tok = lab
-    errors, _ = gradient_unbiasedness(model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), [100, 400, 1600, 6400],
-                                      seed=0, normalizer="tokens")
+    errors, _ = gradient_unbiasedness(
+        model,
+        tok,
+        PROMPTS,
+        COMPLETIONS,
+        ADV,
+        UniformCutoff(),
+        [100, 400, 1600, 6400],
+        seed=0,
+        normalizer="tokens",
+    )
     assert errors[-1] > 0.1  # it levels off instead of vanishing
     assert errors[-1] > errors[0] / 3
 
@@ -44,19 +58,30 @@ def test_a_token_count_normaliser_is_biased(lab):
 def test_replications_share_gradients_and_draws_without_changing_them(lab):
     model, tok = lab
     draws = [20, 80]
-    reps = gradient_unbiasedness_replicated(model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), draws, [3, 7],
-                                            ("constant", "tokens"))
+    reps = gradient_unbiasedness_replicated(
+        model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), draws, [3, 7], ("constant", "tokens")
+    )
     for normalizer in ("constant", "tokens"):
         assert len(reps[normalizer]) == 2
         for seed, (errors, cos) in zip([3, 7], reps[normalizer], strict=True):
-            alone, alone_cos = gradient_unbiasedness(model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), draws,
-                                                     seed=seed, normalizer=normalizer)
+            alone, alone_cos = gradient_unbiasedness(
+                model,
+                tok,
+                PROMPTS,
+                COMPLETIONS,
+                ADV,
+                UniformCutoff(),
+                draws,
+                seed=seed,
+                normalizer=normalizer,
+            )
             np.testing.assert_allclose(errors, alone, rtol=1e-12)
             assert cos == pytest.approx(alone_cos, rel=1e-12)
     assert reps["constant"][0][0] != reps["constant"][1][0]  # the replications draw independently
     with pytest.raises(ValueError, match="normalizers"):
-        gradient_unbiasedness_replicated(model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), draws, [0],
-                                         ("mean",))
+        gradient_unbiasedness_replicated(
+            model, tok, PROMPTS, COMPLETIONS, ADV, UniformCutoff(), draws, [0], ("mean",)
+        )
 
 
 def test_vectorised_draws_match_a_loop_over_draws(lab):
@@ -73,8 +98,11 @@ def test_vectorised_draws_match_a_loop_over_draws(lab):
         aligned[i, : int(lengths[i])] = logps[i][mask[i] > 0]
     params = [p for p in m.parameters() if p.requires_grad]
     flat = lambda gs: torch.cat([g.reshape(-1) for g in gs])  # noqa: E731
-    full = flat(torch.autograd.grad((ADV.double()[:, None] * aligned).sum() / (len(PROMPTS) * Lc), params,
-                                    retain_graph=True))
+    full = flat(
+        torch.autograd.grad(
+            (ADV.double()[:, None] * aligned).sum() / (len(PROMPTS) * Lc), params, retain_graph=True
+        )
+    )
     S = law.survival(lengths, Lc).double()
     gen = torch.Generator().manual_seed(seed)
     total = torch.zeros_like(full)
@@ -83,8 +111,11 @@ def test_vectorised_draws_match_a_loop_over_draws(lab):
         w = torch.zeros(len(PROMPTS), Lc, dtype=torch.float64)
         for i in range(len(PROMPTS)):
             w[i, : int(c[i])] = 1.0 / S[i, : int(c[i])]
-        total += flat(torch.autograd.grad((ADV.double()[:, None] * w * aligned).sum() / (len(PROMPTS) * Lc), params,
-                                          retain_graph=True))
+        total += flat(
+            torch.autograd.grad(
+                (ADV.double()[:, None] * w * aligned).sum() / (len(PROMPTS) * Lc), params, retain_graph=True
+            )
+        )
     expected = float(torch.linalg.vector_norm(total / n - full) / torch.linalg.vector_norm(full))
     errors, _ = gradient_unbiasedness(model, tok, PROMPTS, COMPLETIONS, ADV, law, [n], seed=seed)
     # tiny_lm.completion_logps takes log_softmax in float32 (it casts the logits), so a sum of per-token gradients

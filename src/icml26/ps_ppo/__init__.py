@@ -8,7 +8,9 @@ per trajectory from a (prompt-conditioned) distribution, each kept token weighte
 constant normaliser, so the truncated gradient is unbiased, at a fraction of the update compute and memory.
 
 ``prefix_sampled_policy_loss`` and the cutoff laws (``UniformCutoff``, ``GeometricCutoff``, ``MixtureCutoff``,
-``PromptConditionedCutoff``, ``AdaptiveCutoff``); ``PSGRPOTrainer`` / ``PSGRPOConfig`` (TRL ``GRPOTrainer``
+``PromptConditionedCutoff``, ``AdaptiveCutoff``, ``FullCutoff``, ``StratifiedCutoff``); token-balanced
+micro-batching and the activation meter shared by the trainer and the reproduction (``plan_micro_batches``,
+``micro_batched_backward``, ``ActivationMeter``); ``PSGRPOTrainer`` / ``PSGRPOConfig`` (TRL ``GRPOTrainer``
 subclass; imported lazily, extra ``hf``). The estimator is reconstructed from the abstract (no code).
 """
 
@@ -25,11 +27,30 @@ from .estimator import (
     UniformCutoff,
     prefix_sampled_policy_loss,
 )
+from .microbatch import (
+    ActivationMeter,
+    FullCutoff,
+    StratifiedCutoff,
+    micro_batched_backward,
+    plan_micro_batches,
+)
 
 _LAZY = {"PSGRPOTrainer", "PSGRPOConfig", "cutoff_law"}
 
-__all__ = ["AdaptiveCutoff", "GeometricCutoff", "MixtureCutoff", "PromptConditionedCutoff", "UniformCutoff",
-           "prefix_sampled_policy_loss", *sorted(_LAZY)]
+__all__ = [
+    "ActivationMeter",
+    "AdaptiveCutoff",
+    "FullCutoff",
+    "GeometricCutoff",
+    "MixtureCutoff",
+    "PromptConditionedCutoff",
+    "StratifiedCutoff",
+    "UniformCutoff",
+    "micro_batched_backward",
+    "plan_micro_batches",
+    "prefix_sampled_policy_loss",
+    *sorted(_LAZY),
+]
 
 
 def __getattr__(name: str) -> Any:

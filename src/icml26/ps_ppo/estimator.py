@@ -35,15 +35,18 @@ def _check_lengths(lengths: Tensor) -> Tensor:
     if not isinstance(lengths, Tensor) or lengths.ndim != 1:
         raise TypeError("lengths must be a 1-D LongTensor of completion lengths")
     if (lengths < 1).any():
-        raise ValueError(f"empty completions (length 0) at rows {torch.nonzero(lengths < 1).ravel().tolist()}")
+        raise ValueError(
+            f"empty completions (length 0) at rows {torch.nonzero(lengths < 1).ravel().tolist()}"
+        )
     return lengths.long()
 
 
 class CutoffDistribution(Protocol):
     """A cutoff law q(c | x, L) on {1..L}."""
 
-    def sample(self, lengths: Tensor, generator: torch.Generator | None = None, keys: list[Hashable] | None = None
-               ) -> Tensor:
+    def sample(
+        self, lengths: Tensor, generator: torch.Generator | None = None, keys: list[Hashable] | None = None
+    ) -> Tensor:
         """One cutoff per row, in [1, L_i]."""
 
     def survival(self, lengths: Tensor, max_len: int, keys: list[Hashable] | None = None) -> Tensor:
@@ -105,13 +108,19 @@ class MixtureCutoff:
 
     def sample(self, lengths: Tensor, generator: torch.Generator | None = None, keys: Any = None) -> Tensor:
         lengths = _check_lengths(lengths)
-        which = torch.multinomial(torch.tensor(self.weights, dtype=torch.float64), len(lengths), replacement=True,
-                                  generator=generator)
+        which = torch.multinomial(
+            torch.tensor(self.weights, dtype=torch.float64),
+            len(lengths),
+            replacement=True,
+            generator=generator,
+        )
         draws = torch.stack([c.sample(lengths, generator, keys) for c in self.components])
         return draws[which, torch.arange(len(lengths))]
 
     def survival(self, lengths: Tensor, max_len: int, keys: Any = None) -> Tensor:
-        return sum(w * c.survival(lengths, max_len, keys) for c, w in zip(self.components, self.weights, strict=True))
+        return sum(
+            w * c.survival(lengths, max_len, keys) for c, w in zip(self.components, self.weights, strict=True)
+        )
 
 
 class PromptConditionedCutoff:
@@ -125,16 +134,17 @@ class PromptConditionedCutoff:
             raise ValueError("a prompt-conditioned cutoff needs one prompt key per row")
         return [self.law_for(k) for k in keys]
 
-    def sample(self, lengths: Tensor, generator: torch.Generator | None = None, keys: list[Hashable] | None = None
-               ) -> Tensor:
+    def sample(
+        self, lengths: Tensor, generator: torch.Generator | None = None, keys: list[Hashable] | None = None
+    ) -> Tensor:
         lengths = _check_lengths(lengths)
         laws = self._per_row(keys, len(lengths))
-        return torch.cat([law.sample(lengths[i:i + 1], generator) for i, law in enumerate(laws)])
+        return torch.cat([law.sample(lengths[i : i + 1], generator) for i, law in enumerate(laws)])
 
     def survival(self, lengths: Tensor, max_len: int, keys: list[Hashable] | None = None) -> Tensor:
         lengths = _check_lengths(lengths)
         laws = self._per_row(keys, len(lengths))
-        return torch.cat([law.survival(lengths[i:i + 1], max_len) for i, law in enumerate(laws)])
+        return torch.cat([law.survival(lengths[i : i + 1], max_len) for i, law in enumerate(laws)])
 
 
 class AdaptiveCutoff(PromptConditionedCutoff):
@@ -167,7 +177,9 @@ class AdaptiveCutoff(PromptConditionedCutoff):
         points = []
         for a in good:
             for b in bad:
-                first = next((i for i, (u, v) in enumerate(zip(a, b, strict=False)) if u != v), min(len(a), len(b)))
+                first = next(
+                    (i for i, (u, v) in enumerate(zip(a, b, strict=False)) if u != v), min(len(a), len(b))
+                )
                 points.append(first + 1)
         if not points:
             return
@@ -176,10 +188,19 @@ class AdaptiveCutoff(PromptConditionedCutoff):
         self.decision[key] = ((mean * count + value) / (count + 1), count + 1)
 
 
-def prefix_sampled_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cutoffs: Tensor,
-                               survival: Tensor, *, clip_eps: float = 0.2, max_len: int | None = None,
-                               normalizer: str = "constant", importance_weighting: bool = True
-                               ) -> tuple[Tensor, dict[str, float]]:
+def prefix_sampled_policy_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cutoffs: Tensor,
+    survival: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    max_len: int | None = None,
+    normalizer: str = "constant",
+    importance_weighting: bool = True,
+) -> tuple[Tensor, dict[str, float]]:
     """The prefix-sampled clipped surrogate (negated, to minimise) on per-token tensors.
 
     Args:
@@ -204,8 +225,10 @@ def prefix_sampled_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Ten
     positions = torch.arange(1, T + 1, device=logps.device)[None, :]
     kept = (positions <= cutoffs[:, None]).to(logps.dtype) * mask.to(logps.dtype)
     if ((survival <= 0) & (kept > 0)).any():
-        raise ValueError("the cutoff law puts zero mass on a reachable position (S(t) = 0 for a kept token): "
-                         "its importance weight would be infinite")
+        raise ValueError(
+            "the cutoff law puts zero mass on a reachable position (S(t) = 0 for a kept token): "
+            "its importance weight would be infinite"
+        )
     if (survival < 0).any() or (survival > 1 + 1e-6).any():
         raise ValueError("survival probabilities must lie in [0, 1]")
     adv = advantages[:, None] if advantages.ndim == 1 else advantages
@@ -213,12 +236,19 @@ def prefix_sampled_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Ten
     # $$\min\big(\rho_t A, \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A\big)$$
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     # $$w_t = 1 / S(t) = 1 / P(c \ge t)$$   (E_c[1\{t \le c\} w_t] = 1: unbiased)
-    weights = torch.where(kept > 0, 1.0 / survival.clamp(min=1e-30), torch.zeros_like(survival)).to(logps.dtype)
+    weights = torch.where(kept > 0, 1.0 / survival.clamp(min=1e-30), torch.zeros_like(survival)).to(
+        logps.dtype
+    )
     if not importance_weighting:
         weights = kept
     total = (surrogate * weights).sum()
     denominator = float(B * (max_len or T)) if normalizer == "constant" else kept.sum().clamp(min=1.0)
     loss = -total / denominator
-    stats = {"kept_tokens": float(kept.sum()), "max_weight": float(weights.max()) if weights.numel() else 0.0,
-             "clip_fraction": float(((ratio - 1).abs() > clip_eps).to(logps.dtype).mul(kept).sum() / kept.sum().clamp(min=1))}
+    stats = {
+        "kept_tokens": float(kept.sum()),
+        "max_weight": float(weights.max()) if weights.numel() else 0.0,
+        "clip_fraction": float(
+            ((ratio - 1).abs() > clip_eps).to(logps.dtype).mul(kept).sum() / kept.sum().clamp(min=1)
+        ),
+    }
     return loss, stats

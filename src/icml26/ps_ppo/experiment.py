@@ -1,38 +1,43 @@
-"""Reproduction of PS-PPO: accuracy, update compute and activation memory against full-trajectory GRPO.
+"""Reproduction of PS-PPO: accuracy against update compute and activation memory, versus full-trajectory GRPO.
 
-A tiny Llama from the lab (``icml26.common.tiny_lm``), SFT-warm-started on 4-term addition chains with noisy
-scratchpads (cached), is trained by critic-free RL on the verifiable reward (exact final answer). Every arm
-starts from the same SFT model and sees the same prompts each iteration:
+A tiny Llama from the lab (``icml26.common.tiny_lm``), SFT-warm-started on 7-term addition chains (six scratchpad
+steps: the completion is about three quarters of each sequence, so prompts are a small share of the positions;
+cached), is trained by critic-free RL on the verifiable reward (exact final answer). Every arm starts from the same
+SFT model and sees the same prompts and rollout seeds each iteration; each update runs ``ppo_epochs`` optimiser
+steps on its batch (so the PPO clip acts), with ``micro_batches`` token-balanced micro-batches
+(``microbatch.plan_micro_batches``, the same code ``PSGRPOTrainer`` runs):
 
+- ``sft``: the warm start itself (the trivial baseline: no RL);
 - ``grpo``: Dr.GRPO, full trajectories (group-mean advantages, constant normaliser B * L_max);
-- ``ps_ppo``: uniform cutoffs; ``ps_ppo_geometric``: 0.5 uniform + 0.5 geometric(p = 1/8);
-  ``ps_ppo_adaptive``: the prompt-conditioned law learned from where a prompt's rollouts decide their outcome;
-- ``ps_ppo_unweighted``: uniform cutoffs without the 1 / P(c >= t) weights (the biased ablation).
+- ``ps_ppo``: uniform cutoffs, stratified within each prompt's group (``StratifiedCutoff``);
+- ``ps_ppo_mixed``: 0.25 full trajectory + 0.75 uniform, stratified (weights at most 4);
+- ``ps_ppo_unweighted``: stratified uniform cutoffs without the 1 / P(c >= t) weights (the biased ablation; full
+  preset only).
 
-The update pass is bucketed: rows sorted by kept length and split in micro-batches, each sliced to its own
-longest kept prefix (without bucketing, slicing to the batch maximum saves little). Metrics, each recorded on
-its natural unit so that the claims pair arms unit by unit:
+Each RL arm is trained at every learning rate of ``lrs`` and keeps the one with the best greedy accuracy on
+validation prompts (disjoint from the test prompts). Metrics, each on its natural unit so the claims pair arms
+unit by unit:
 
-- per held-out prompt (``prompts``, the same prompts in the same order for every arm): greedy correctness (0/1),
-  whose mean is ``accuracy``;
-- per update (``updates``; update i of every arm sees the same prompts): ``update_tokens``, the token positions
-  the update's forward and backward passes process; ``update_cpu_ms``, CPU time of the update pass;
-  ``peak_activation_mb``, that update's largest total size of the tensors autograd saves for backward in one
-  micro-batch (the activation memory a user provisions per step); ``frac_reward_zero_std``,
-  ``kept_completion_fraction``;
-- for ``ps_ppo``, per replication (``replications``: independent sequences of cutoff draws on the SFT model in
-  float64, whose log-softmax ``tiny_lm`` takes in float32): the relative error of the mean truncated gradient against the full-trajectory gradient after n =
-  125 ... 8,000 draws, and the log-log slope of that error in n (-1/2 for an unbiased estimator; near 0 for a
-  biased one, e.g. the token-count normaliser, reported beside it).
+- per test prompt (``prompts``): greedy correctness (0/1) after the last update (``accuracy``), and for the PS-PPO
+  arms, of the policy after the last update whose cumulative update tokens stay within ``budget`` of GRPO's
+  (``accuracy_at_budget``);
+- per update (``updates``; update i of every arm sees the same prompts): ``update_tokens`` (token positions the
+  forward/backward passes process, all epochs), ``update_cpu_ms`` (CPU time of the update), ``peak_activation_mb``
+  (the largest micro-batch's activation memory: bytes autograd saves, each storage once, parameters excluded),
+  ``saved_activation_mb`` (summed over micro-batches and epochs), ``clip_fraction`` (last epoch),
+  ``frac_reward_zero_std``, ``kept_completion_fraction``;
+- for ``ps_ppo``, per replication (independent sequences of cutoff draws on the SFT model in float64): the relative
+  error of the mean truncated gradient against the full-trajectory gradient after n = 125 ... 8,000 draws and the
+  log-log slope of that error in n (-1/2 for an unbiased estimator), beside the token-count normaliser's.
 
 Example:
     >>> import dataclasses
     >>> from icml26.ps_ppo.experiment import PRESETS, run
-    >>> cfg = dataclasses.replace(PRESETS["smoke"], iterations=1, eval_prompts=8, unbiased_draws=(20, 40),
-    ...                           unbiased_replications=2)
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], iterations=1, eval_prompts=8, val_prompts=4, lrs=(1e-4,),
+    ...                           unbiased_draws=(20, 40), unbiased_replications=2)
     >>> out = run(cfg)
     >>> sorted(out.metrics)
-    ['grpo', 'ps_ppo', 'ps_ppo_adaptive', 'ps_ppo_geometric', 'ps_ppo_unweighted']
+    ['grpo', 'ps_ppo', 'ps_ppo_mixed', 'sft']
     >>> sorted(out.units), len(out.units["replications"]["ps_ppo"]["grad_error_slope"])
     (['prompts', 'replications', 'updates'], 2)
 """
@@ -54,7 +59,6 @@ from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import (
     AdditionChain,
-    accuracy,
     cached,
     char_tokenizer,
     completion_batch,
@@ -63,15 +67,12 @@ from ..common.tiny_lm import (
     sft,
     tiny_causal_lm,
 )
-from .estimator import (
-    AdaptiveCutoff,
-    GeometricCutoff,
-    MixtureCutoff,
-    UniformCutoff,
-    prefix_sampled_policy_loss,
-)
+from .estimator import MixtureCutoff, UniformCutoff, prefix_sampled_policy_loss
+from .microbatch import FullCutoff, StratifiedCutoff, micro_batched_backward
 
-ARMS = ("grpo", "ps_ppo", "ps_ppo_geometric", "ps_ppo_adaptive", "ps_ppo_unweighted")
+RL_ARMS = ("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted")
+ARMS = ("sft", *RL_ARMS)
+PS_ARMS = ("ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted")
 
 
 @dataclass
@@ -82,56 +83,91 @@ class Config:
     """seed of the prompts, the rollouts, the cutoffs"""
     lab_seed: int = 0
     """seed of the cached SFT start"""
-    terms: int = 4
-    """terms per addition chain (3 scratchpad steps, completions of about 20 tokens)"""
+    terms: int = 7
+    """terms per addition chain (6 scratchpad steps, completions of about 45 tokens after a 14-token prompt)"""
     hidden: int = 64
     """width of the tiny Llama (2 layers)"""
     sft_steps: int = 800
-    """SFT steps of the warm start (about 50 % accuracy)"""
-    sft_noise: float = 0.3
-    """share of corrupted scratchpad steps in the SFT data"""
-    iterations: int = 40
-    """RL iterations (one update each)"""
+    """SFT steps of the warm start"""
+    sft_noise: float = 0.1
+    """share of corrupted scratchpad steps in the SFT data (six steps: about half the SFT traces are correct)"""
+    iterations: int = 30
+    """RL iterations (one batch of rollouts, ``ppo_epochs`` optimiser steps each)"""
     prompts_per_iteration: int = 8
     """prompts per iteration"""
     group: int = 4
     """rollouts per prompt"""
-    lr: float = 1e-4
-    """AdamW learning rate, the same for every arm (1e-3 and 3e-4 degraded even the GRPO baseline's start)"""
-    micro_batch: int = 8
-    """rows per micro-batch of the update pass"""
-    max_new_tokens: int = 28
+    lrs: tuple[float, ...] = (1e-4, 3e-4)
+    """AdamW learning rates tried for every RL arm; each arm keeps the best on the validation prompts"""
+    ppo_epochs: int = 2
+    """optimiser steps per batch (the same for every arm; the clip acts from the second)"""
+    micro_batches: int = 4
+    """token-balanced micro-batches per optimiser step"""
+    max_new_tokens: int = 52
     """generation length, also L_max of the constant normaliser"""
+    budget: float = 0.5
+    """share of GRPO's cumulative update tokens at which ``accuracy_at_budget`` is read (chosen before the run)"""
     eval_prompts: int = 200
-    """held-out prompts for greedy accuracy"""
-    eval_every: int = 0
-    """accuracy curve resolution in iterations (0: final only)"""
+    """held-out test prompts (greedy accuracy)"""
+    val_prompts: int = 64
+    """validation prompts (learning-rate choice and accuracy curves), disjoint from the test prompts"""
+    curve_points: int = 3
+    """points of the accuracy-versus-compute curve (validation accuracy of the chosen learning rate)"""
     unbiased_draws: tuple[int, ...] = (125, 500, 2000, 8000)
     """cutoff draws at which the unbiasedness check measures the error of the mean gradient"""
     unbiased_replications: int = 8
     """independent sequences of cutoff draws in the unbiasedness check (its units)"""
+    arms: tuple[str, ...] = RL_ARMS
+    """RL arms to train (``grpo`` first: its update tokens set the others' budget); ``sft`` is always reported"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(iterations=3, eval_prompts=40, unbiased_draws=(50, 200), unbiased_replications=3),
-    "quick": Config(),
-    "full": Config(iterations=120, eval_prompts=500, eval_every=20),
+    "smoke": Config(
+        iterations=2,
+        eval_prompts=16,
+        val_prompts=8,
+        lrs=(1e-4,),
+        curve_points=1,
+        unbiased_draws=(50, 200),
+        unbiased_replications=3,
+        arms=("grpo", "ps_ppo", "ps_ppo_mixed"),
+    ),
+    # the unweighted ablation only in full, and 16 iterations (a first quick run with 24 took 156 CPU-s on a loaded
+    # machine, over the 2-minute budget), to keep quick under 2 minutes with a learning-rate grid per arm
+    "quick": Config(iterations=16, arms=("grpo", "ps_ppo", "ps_ppo_mixed")),
+    "full": Config(iterations=60, eval_prompts=400, val_prompts=100, lrs=(5e-5, 1e-4, 3e-4), curve_points=4),
 }
 
 
 def lab_model(cfg: Config) -> tuple[Any, Any]:
     """The SFT warm start (cached)."""
     task = AdditionChain(cfg.terms, 9)
-    key = {"paper": "ps_ppo", "task": [task.name, cfg.terms], "steps": cfg.sft_steps, "noise": cfg.sft_noise,
-           "hidden": cfg.hidden, "seed": cfg.lab_seed}
+    key = {
+        "paper": "ps_ppo",
+        "task": [task.name, cfg.terms],
+        "steps": cfg.sft_steps,
+        "noise": cfg.sft_noise,
+        "hidden": cfg.hidden,
+        "seed": cfg.lab_seed,
+    }
 
     def build() -> tuple[Any, Any]:
         tok = char_tokenizer()
         rng = np.random.default_rng(cfg.lab_seed)
         examples = [task.sample(rng) for _ in range(3000)]
         comps = [task.noisy_completion(e, rng, cfg.sft_noise) for e in examples]
-        model = tiny_causal_lm(len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed)
-        sft(model, tok, [e.prompt for e in examples], comps, steps=cfg.sft_steps, seed=cfg.lab_seed, desc="sft ps_ppo")
+        model = tiny_causal_lm(
+            len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
+        )
+        sft(
+            model,
+            tok,
+            [e.prompt for e in examples],
+            comps,
+            steps=cfg.sft_steps,
+            seed=cfg.lab_seed,
+            desc="sft ps_ppo",
+        )
         return model, tok
 
     model, tok = cached(key, build)
@@ -139,80 +175,96 @@ def lab_model(cfg: Config) -> tuple[Any, Any]:
 
 
 def make_law(arm: str) -> Any:
+    """The cutoff law of an arm (None: full trajectories)."""
     if arm in ("ps_ppo", "ps_ppo_unweighted"):
-        return UniformCutoff()
-    if arm == "ps_ppo_geometric":
-        return MixtureCutoff([UniformCutoff(), GeometricCutoff(1 / 8)], [0.5, 0.5])
-    if arm == "ps_ppo_adaptive":
-        return AdaptiveCutoff(mix=0.5)
-    return None
+        return StratifiedCutoff(UniformCutoff())
+    if arm == "ps_ppo_mixed":
+        return StratifiedCutoff(MixtureCutoff([FullCutoff(), UniformCutoff()], [0.25, 0.75]))
+    if arm == "grpo":
+        return None
+    raise ValueError(f"unknown arm {arm!r}")
 
 
 def left_align(values: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
-    """Each row's masked entries moved to the left, padded with zeros to ``width`` (completion-aligned)."""
-    out = values.new_zeros((values.shape[0], width))
-    for i in range(values.shape[0]):
-        row = values[i][mask[i] > 0]
-        out[i, : len(row)] = row
-    return out
+    """Each row's masked entries (one contiguous run per row) moved to the left, zero-padded to ``width``."""
+    n = mask.sum(1).long()
+    first = torch.where(n > 0, (mask > 0).int().argmax(1), torch.zeros_like(n))
+    t = torch.arange(width, device=values.device)[None, :]
+    idx = (first[:, None] + t).clamp(max=values.shape[1] - 1)
+    return torch.where(t < n[:, None], values.gather(1, idx), torch.zeros((), dtype=values.dtype))
 
 
-class ActivationMeter:
-    """Total bytes of the tensors autograd saves for backward while the context is open (activation memory)."""
+def update_pass(
+    policy: Any,
+    opt: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    cutoffs: torch.Tensor,
+    survival: torch.Tensor,
+    *,
+    cfg: Config,
+    weighted: bool,
+) -> dict[str, float]:
+    """``cfg.ppo_epochs`` optimiser steps on the prefix-truncated batch, in token-balanced micro-batches.
 
-    def __init__(self) -> None:
-        self.bytes = 0
-
-    def __enter__(self) -> ActivationMeter:
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            self.bytes += t.numel() * t.element_size()
-            return t
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._hooks.__exit__(*exc)
-
-
-def update_pass(policy: Any, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], advantages: torch.Tensor,
-                cutoffs: torch.Tensor, survival: torch.Tensor, *, cfg: Config, weighted: bool
-                ) -> tuple[int, float, int]:
-    """One optimiser step on prefix-truncated, bucketed micro-batches.
-
-    Returns (token positions processed, CPU seconds, peak activation bytes of a micro-batch).
+    The first epoch's log-probs (the rollout policy's, since nothing has moved yet) are the PPO ratio's old
+    log-probs for the later epochs. Returns token positions processed, CPU seconds, the largest micro-batch's
+    activation bytes, the activation bytes summed over micro-batches, and the last epoch's clip fraction.
     """
     comp = batch["completion_mask"]
     prompt_len = (comp.cumsum(1) == 0).sum(1)  # columns before the first completion token
     keep_len = prompt_len + cutoffs  # kept columns of each row (prompt + first c completion tokens)
-    order = torch.argsort(keep_len)
     B, Lc = len(cutoffs), survival.shape[1]
+    old = torch.zeros(B, Lc)
+    out = {"tokens": 0.0, "cpu_s": 0.0, "peak_bytes": 0.0, "saved_bytes": 0.0, "clip_fraction": 0.0}
     t0 = time.process_time()
-    opt.zero_grad(set_to_none=True)
-    tokens, peak = 0, 0
-    for start in range(0, B, cfg.micro_batch):
-        rows = order[start:start + cfg.micro_batch]
-        width = int(keep_len[rows].max())
-        sub = {k: v[rows, :width] for k, v in batch.items()}
-        tokens += len(rows) * width
-        with ActivationMeter() as meter:
+    for epoch in range(cfg.ppo_epochs):
+        clipped = [0.0, 0.0]
+
+        def loss_of(
+            rows: torch.Tensor, width: int, epoch: int = epoch, clipped: list[float] = clipped
+        ) -> torch.Tensor:
+            sub = {k: v[rows, :width] for k, v in batch.items()}
             logps, mask = completion_logps(policy, sub)
             aligned = left_align(logps, mask, Lc)
-            kept_mask = left_align(mask, mask, Lc)
-            loss, _ = prefix_sampled_policy_loss(aligned, aligned.detach(), advantages[rows], kept_mask, cutoffs[rows],
-                                                 survival[rows], max_len=cfg.max_new_tokens,
-                                                 importance_weighting=weighted)
-            loss = loss * len(rows) / B  # the batch objective's constant normaliser B * L_max
-        peak = max(peak, meter.bytes)
-        loss.backward()
-    opt.step()
-    return tokens, time.process_time() - t0, peak
+            if epoch == 0:
+                old[rows] = aligned.detach()
+            loss, stats = prefix_sampled_policy_loss(
+                aligned,
+                old[rows],
+                advantages[rows],
+                left_align(mask, mask, Lc),
+                cutoffs[rows],
+                survival[rows],
+                max_len=cfg.max_new_tokens,
+                importance_weighting=weighted,
+            )
+            clipped[0] += stats["clip_fraction"] * stats["kept_tokens"]
+            clipped[1] += stats["kept_tokens"]
+            return loss * len(rows) / B  # the batch objective's constant normaliser B * L_max
+
+        opt.zero_grad(set_to_none=True)
+        stats = micro_batched_backward(keep_len, cfg.micro_batches, loss_of, model=policy)
+        opt.step()
+        out["tokens"] += stats.tokens
+        out["peak_bytes"] = max(out["peak_bytes"], stats.peak_bytes)
+        out["saved_bytes"] += stats.saved_bytes
+        out["clip_fraction"] = clipped[0] / max(clipped[1], 1.0)
+    out["cpu_s"] = time.process_time() - t0
+    return out
 
 
-def gradient_unbiasedness(model: Any, tok: Any, prompts: list[str], completions: list[str], advantages: torch.Tensor,
-                          law: Any, draws: list[int], seed: int, normalizer: str = "constant"
-                          ) -> tuple[list[float], float]:
+def gradient_unbiasedness(
+    model: Any,
+    tok: Any,
+    prompts: list[str],
+    completions: list[str],
+    advantages: torch.Tensor,
+    law: Any,
+    draws: list[int],
+    seed: int,
+    normalizer: str = "constant",
+) -> tuple[list[float], float]:
     """Relative errors of the mean truncated gradient after each number of cutoff draws in ``draws`` (nested: the
     first n of one sequence of draws) against the full-trajectory gradient, and the cosine at the largest n.
 
@@ -222,14 +274,22 @@ def gradient_unbiasedness(model: Any, tok: Any, prompts: list[str], completions:
     forward gives the same per-token log-probs: see the tests). An unbiased estimator's error
     shrinks like n^(-1/2); a biased one's levels off.
     """
-    return gradient_unbiasedness_replicated(model, tok, prompts, completions, advantages, law, draws, [seed],
-                                            (normalizer,))[normalizer][0]
+    return gradient_unbiasedness_replicated(
+        model, tok, prompts, completions, advantages, law, draws, [seed], (normalizer,)
+    )[normalizer][0]
 
 
-def gradient_unbiasedness_replicated(model: Any, tok: Any, prompts: list[str], completions: list[str],
-                                     advantages: torch.Tensor, law: Any, draws: list[int], seeds: list[int],
-                                     normalizers: tuple[str, ...] = ("constant",)
-                                     ) -> dict[str, list[tuple[list[float], float]]]:
+def gradient_unbiasedness_replicated(
+    model: Any,
+    tok: Any,
+    prompts: list[str],
+    completions: list[str],
+    advantages: torch.Tensor,
+    law: Any,
+    draws: list[int],
+    seeds: list[int],
+    normalizers: tuple[str, ...] = ("constant",),
+) -> dict[str, list[tuple[list[float], float]]]:
     """``gradient_unbiasedness`` for independent sequences of cutoff draws, one per seed in ``seeds`` (the
     replications of the Monte Carlo experiment), for each normaliser (``"constant"`` B * L_max or ``"tokens"``,
     the kept-token count); the per-token gradients and the draws are shared.
@@ -246,33 +306,43 @@ def gradient_unbiasedness_replicated(model: Any, tok: Any, prompts: list[str], c
     Lc = int(lengths.max())
     aligned = left_align(logps, mask, Lc)
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = {}
+    index, rows = [], []
     for i in range(len(prompts)):
         for t in range(int(lengths[i])):
             g = torch.autograd.grad(advantages[i].double() * aligned[i, t], params, retain_graph=True)
-            grads[i, t] = torch.cat([x.reshape(-1) for x in g])
+            rows.append(torch.cat([x.reshape(-1) for x in g]))
+            index.append((i, t))
+    grads = torch.stack(rows)  # (tokens, parameters): the per-token gradients A_i grad log pi(y_it)
+    ii, tt = torch.tensor([i for i, _ in index]), torch.tensor([t for _, t in index])
     B = len(prompts)
-    total = sum(grads.values())
-    survival = law.survival(lengths, Lc).double()
+    total = grads.sum(0)
+    survival = law.survival(lengths, Lc).double()  # the law's marginal survival (stratified draws keep it)
     positions = torch.arange(Lc)
     out: dict[str, list[tuple[list[float], float]]] = {n: [] for n in normalizers}
     for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
         # the draws one after another from one generator (the same sequence a loop over draws would see)
         c = torch.stack([law.sample(lengths, gen) for _ in range(max(draws))])  # (N, B)
-        kept = (positions[None, None, :] < c[:, :, None]) & (positions[None, None, :] < lengths[None, :, None])
+        kept = (positions[None, None, :] < c[:, :, None]) & (
+            positions[None, None, :] < lengths[None, :, None]
+        )
         for normalizer in normalizers:
             full = total / (B * Lc) if normalizer == "constant" else total / float(lengths.sum())
-            denominator = (torch.full((len(c),), float(B * Lc), dtype=torch.float64) if normalizer == "constant"
-                           else kept.sum((1, 2)).double())
+            denominator = (
+                torch.full((len(c),), float(B * Lc), dtype=torch.float64)
+                if normalizer == "constant"
+                else kept.sum((1, 2)).double()
+            )
             # coefficient of each per-token gradient in the sum of the first n truncated gradients
             cumulative = (kept.double() / denominator[:, None, None]).cumsum(0) / survival.clamp(min=1e-300)
             errors, cos = [], 0.0
             for n in draws:
                 coef = cumulative[n - 1]
-                mean = sum(coef[i, t] / n * g for (i, t), g in grads.items())
+                mean = (coef[ii, tt] / n) @ grads
                 errors.append(float(torch.linalg.vector_norm(mean - full) / torch.linalg.vector_norm(full)))
-                cos = float(torch.dot(mean, full) / (torch.linalg.vector_norm(mean) * torch.linalg.vector_norm(full)))
+                cos = float(
+                    torch.dot(mean, full) / (torch.linalg.vector_norm(mean) * torch.linalg.vector_norm(full))
+                )
             out[normalizer].append((errors, cos))
     return out
 
@@ -282,95 +352,188 @@ def replication_seeds(cfg: Config) -> list[int]:
     return [cfg.seed + 1000 * r for r in range(cfg.unbiased_replications)]
 
 
+def _greedy_correct(
+    policy: Any, tok: Any, task: AdditionChain, prompts: list[str], cfg: Config
+) -> list[float]:
+    completions = generate(policy, tok, prompts, max_new_tokens=cfg.max_new_tokens)
+    return [float(task.reward(p, c)) for p, c in zip(prompts, completions, strict=True)]
+
+
+def _train(
+    arm: str, lr: float, pi0: Any, tok: Any, task: AdditionChain, cfg: Config, budget_tokens: float | None
+) -> dict[str, Any]:
+    """One RL arm at one learning rate: per-update records, curve snapshots and the within-budget snapshot."""
+    torch.manual_seed(cfg.seed)
+    policy = copy.deepcopy(pi0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    law = make_law(arm)
+    cut_gen = torch.Generator().manual_seed(1000 + cfg.seed)
+    prompt_rng = np.random.default_rng(60_000 + cfg.seed)
+    per_update: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "update_tokens",
+            "update_cpu_ms",
+            "peak_activation_mb",
+            "saved_activation_mb",
+            "clip_fraction",
+            "frac_reward_zero_std",
+            "kept_completion_fraction",
+        )
+    }
+    marks = {round(cfg.iterations * (k + 1) / cfg.curve_points) for k in range(cfg.curve_points)}
+    snapshots: list[tuple[float, float, dict[str, torch.Tensor]]] = [
+        (0.0, 0.0, copy.deepcopy(pi0.state_dict()))
+    ]
+    budget_state = None
+    tokens = cpu = 0.0
+    for it in range(cfg.iterations):
+        examples = [task.sample(prompt_rng) for _ in range(cfg.prompts_per_iteration)]
+        prompts = [e.prompt for e in examples for _ in range(cfg.group)]
+        completions = generate(
+            policy,
+            tok,
+            prompts,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=1.0,
+            seed=10_000 * cfg.seed + it,
+        )
+        rewards = torch.tensor([task.reward(p, c) for p, c in zip(prompts, completions, strict=True)])
+        groups = rewards.view(-1, cfg.group)
+        # $$A_i = r_i - \bar r_{group}$$   (Dr.GRPO: no std normalisation)
+        advantages = (groups - groups.mean(1, keepdim=True)).reshape(-1)
+        batch = completion_batch(tok, prompts, completions)
+        lengths = batch["completion_mask"].sum(1).long()
+        keys: list[Hashable] = [
+            f"{it}:{g}" for g in range(cfg.prompts_per_iteration) for _ in range(cfg.group)
+        ]
+        if law is None:
+            cutoffs, survival = lengths, torch.ones(len(lengths), int(lengths.max()))
+        else:
+            cutoffs = law.sample(lengths, cut_gen, keys=keys)
+            survival = law.survival(lengths, int(lengths.max()), keys=keys)
+        out = update_pass(
+            policy, opt, batch, advantages, cutoffs, survival, cfg=cfg, weighted=arm != "ps_ppo_unweighted"
+        )
+        per_update["update_tokens"].append(out["tokens"])
+        per_update["update_cpu_ms"].append(1e3 * out["cpu_s"])
+        per_update["peak_activation_mb"].append(out["peak_bytes"] / 2**20)
+        per_update["saved_activation_mb"].append(out["saved_bytes"] / 2**20)
+        per_update["clip_fraction"].append(out["clip_fraction"])
+        per_update["frac_reward_zero_std"].append(float((groups.std(1) == 0).float().mean()))
+        per_update["kept_completion_fraction"].append(float(cutoffs.sum() / lengths.sum()))
+        tokens += out["tokens"]
+        cpu += out["cpu_s"]
+        if budget_tokens is not None and tokens <= budget_tokens:
+            budget_state = copy.deepcopy(policy.state_dict())
+        if it + 1 in marks:
+            snapshots.append((tokens, cpu, copy.deepcopy(policy.state_dict())))
+    return {
+        "policy": policy,
+        "per_update": per_update,
+        "snapshots": snapshots,
+        "budget_state": budget_state,
+        "tokens": tokens,
+    }
+
+
 def run(cfg: Config) -> SeedRun:
-    """One seed: every arm from the same SFT start on the same prompts."""
+    """One seed: every arm from the same SFT start on the same prompts; each arm's learning rate on validation."""
     if cfg.unbiased_replications < 1:
         raise ValueError(f"unbiased_replications must be >= 1, got {cfg.unbiased_replications}")
+    if not cfg.lrs or any(not lr > 0 for lr in cfg.lrs):
+        raise ValueError(f"lrs must be a non-empty tuple of positive learning rates, got {cfg.lrs!r}")
+    if not 0.0 < cfg.budget <= 1.0:
+        raise ValueError(f"budget must be in (0, 1], got {cfg.budget}")
+    if not cfg.arms or cfg.arms[0] != "grpo" or set(cfg.arms) - set(RL_ARMS):
+        raise ValueError(f"arms must start with 'grpo' and be among {RL_ARMS}, got {cfg.arms!r}")
+    if cfg.ppo_epochs < 1 or cfg.micro_batches < 1 or cfg.curve_points < 1:
+        raise ValueError("ppo_epochs, micro_batches and curve_points must be >= 1")
     pi0, tok = lab_model(cfg)
     task = AdditionChain(cfg.terms, 9)
     eval_rng = np.random.default_rng(50_000 + cfg.seed)
-    eval_prompts = [task.sample(eval_rng).prompt for _ in range(cfg.eval_prompts)]
-    prompt_units: dict[str, dict[str, list[float]]] = {}
+    test_prompts = [task.sample(eval_rng).prompt for _ in range(cfg.eval_prompts)]
+    val_rng = np.random.default_rng(80_000 + cfg.seed)
+    val_prompts = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
+    prompt_units: dict[str, dict[str, list[float]]] = {
+        "sft": {"accuracy": _greedy_correct(pi0, tok, task, test_prompts, cfg)}
+    }
     update_units: dict[str, dict[str, list[float]]] = {}
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for arm in progress(ARMS, desc=f"ps_ppo seed {cfg.seed}"):
-        torch.manual_seed(cfg.seed)
-        policy = copy.deepcopy(pi0)
-        opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-        law = make_law(arm)
-        cut_gen = torch.Generator().manual_seed(1000 + cfg.seed)
-        prompt_rng = np.random.default_rng(60_000 + cfg.seed)
-        # one entry per update (iteration), in iteration order: iteration i of every arm sees the same prompts
-        per_update: dict[str, list[float]] = {"update_tokens": [], "update_cpu_ms": [], "peak_activation_mb": [],
-                                              "frac_reward_zero_std": [], "kept_completion_fraction": []}
-        total_tokens = 0
-        curve = []
-        for it in range(cfg.iterations):
-            examples = [task.sample(prompt_rng) for _ in range(cfg.prompts_per_iteration)]
-            prompts = [e.prompt for e in examples for _ in range(cfg.group)]
-            completions = generate(policy, tok, prompts, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
-                                   seed=10_000 * cfg.seed + it)
-            rewards = torch.tensor([task.reward(p, c) for p, c in zip(prompts, completions, strict=True)])
-            groups = rewards.view(-1, cfg.group)
-            # $$A_i = r_i - \bar r_{group}$$   (Dr.GRPO: no std normalisation)
-            advantages = (groups - groups.mean(1, keepdim=True)).reshape(-1)
-            batch = completion_batch(tok, prompts, completions)
-            lengths = batch["completion_mask"].sum(1).long()
-            keys: list[Hashable] = [p for p in prompts]
-            if law is None:
-                cutoffs, survival = lengths, torch.ones(len(lengths), int(lengths.max()))
-            else:
-                cutoffs = law.sample(lengths, cut_gen, keys=keys) if isinstance(law, AdaptiveCutoff) else law.sample(
-                    lengths, cut_gen)
-                survival = (law.survival(lengths, int(lengths.max()), keys=keys) if isinstance(law, AdaptiveCutoff)
-                            else law.survival(lengths, int(lengths.max())))
-            n_tok, secs, act = update_pass(policy, opt, batch, advantages, cutoffs, survival, cfg=cfg,
-                                           weighted=arm != "ps_ppo_unweighted")
-            per_update["update_tokens"].append(float(n_tok))
-            per_update["update_cpu_ms"].append(1e3 * secs)
-            per_update["peak_activation_mb"].append(act / 2**20)  # this update's peak over its micro-batches
-            per_update["frac_reward_zero_std"].append(float((groups.std(1) == 0).float().mean()))
-            per_update["kept_completion_fraction"].append(float(cutoffs.sum() / lengths.sum()))
-            total_tokens += n_tok
-            if isinstance(law, AdaptiveCutoff):
-                ids = [tok(c, add_special_tokens=False)["input_ids"] for c in completions]
-                for g in range(cfg.prompts_per_iteration):
-                    sl = slice(g * cfg.group, (g + 1) * cfg.group)
-                    law.update(prompts[g * cfg.group], ids[sl], rewards[sl].tolist())
-            if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
-                curve.append((total_tokens, accuracy(policy, tok, task, eval_prompts[:100], max_new_tokens=cfg.max_new_tokens)))
-        # per held-out prompt 0/1 correctness, the same prompts in the same order for every arm
-        completions = generate(policy, tok, eval_prompts, max_new_tokens=cfg.max_new_tokens)
-        prompt_units[arm] = {"accuracy": [float(task.reward(p, c)) for p, c in zip(eval_prompts, completions,
-                                                                                  strict=True)]}
-        update_units[arm] = per_update
-        curves[arm] = [*curve, (total_tokens, float(np.mean(prompt_units[arm]["accuracy"])))]
+    sft_val = float(np.mean(_greedy_correct(pi0, tok, task, val_prompts, cfg)))
+    curves: dict[str, list[tuple[float, float, float]]] = {"sft": [(0.0, 0.0, sft_val)]}
+    chosen_lr: dict[str, float] = {}
+    budget_tokens: float | None = None
+    for arm in progress(cfg.arms, desc=f"ps_ppo seed {cfg.seed}"):
+        best, best_val = None, -1.0
+        for lr in cfg.lrs:
+            trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None)
+            val = float(np.mean(_greedy_correct(trained["policy"], tok, task, val_prompts, cfg)))
+            if val > best_val:  # ties keep the earlier (smaller) learning rate
+                best, best_val, chosen_lr[arm] = trained, val, lr
+        assert best is not None
+        if arm == "grpo":
+            budget_tokens = cfg.budget * best["tokens"]
+        prompt_units[arm] = {"accuracy": _greedy_correct(best["policy"], tok, task, test_prompts, cfg)}
+        if arm in PS_ARMS:
+            at_budget = copy.deepcopy(pi0)
+            at_budget.load_state_dict(
+                best["budget_state"] if best["budget_state"] is not None else pi0.state_dict()
+            )
+            prompt_units[arm]["accuracy_at_budget"] = _greedy_correct(at_budget, tok, task, test_prompts, cfg)
+        update_units[arm] = best["per_update"]
+        curve = [(0.0, 0.0, sft_val)]
+        probe = copy.deepcopy(pi0)
+        for tokens, cpu, state in best["snapshots"][1:-1]:
+            probe.load_state_dict(state)
+            curve.append((tokens, cpu, float(np.mean(_greedy_correct(probe, tok, task, val_prompts, cfg)))))
+        tokens, cpu, _ = best["snapshots"][-1]
+        curves[arm] = [*curve, (tokens, cpu, best_val)]
     # the unbiasedness check, on the SFT start and a fixed batch of its own rollouts; one unit per independent
     # sequence of cutoff draws (a replication of the Monte Carlo experiment)
     rng = np.random.default_rng(70_000 + cfg.seed)
     prompts = [task.sample(rng).prompt for _ in range(6)]
-    completions = generate(pi0, tok, prompts, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed)
+    completions = generate(
+        pi0, tok, prompts, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed
+    )
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
     draws = list(cfg.unbiased_draws)
     replications: dict[str, list[float]] = {}
-    reps = gradient_unbiasedness_replicated(pi0, tok, prompts, completions, adv, UniformCutoff(), draws,
-                                            replication_seeds(cfg), ("constant", "tokens"))
+    reps = gradient_unbiasedness_replicated(
+        pi0,
+        tok,
+        prompts,
+        completions,
+        adv,
+        UniformCutoff(),
+        draws,
+        replication_seeds(cfg),
+        ("constant", "tokens"),
+    )
     for suffix, normalizer in (("", "constant"), ("_token_normaliser", "tokens")):
         replications[f"grad_rel_error{suffix}"] = [errors[-1] for errors, _ in reps[normalizer]]
         replications[f"grad_cosine{suffix}"] = [cos for _, cos in reps[normalizer]]
         # $$\log \mathrm{err}(n) \approx a - \tfrac12 \log n$$ for an unbiased estimator; ~0 slope if biased
-        replications[f"grad_error_slope{suffix}"] = [float(np.polyfit(np.log(draws), np.log(errors), 1)[0])
-                                                     for errors, _ in reps[normalizer]]
+        replications[f"grad_error_slope{suffix}"] = [
+            float(np.polyfit(np.log(draws), np.log(errors), 1)[0]) for errors, _ in reps[normalizer]
+        ]
     units = {"prompts": prompt_units, "updates": update_units, "replications": {"ps_ppo": replications}}
-    return SeedRun({}, series={"curves": curves}, units=units)
+    medians = {arm: float(np.median(m["peak_activation_mb"])) for arm, m in update_units.items()}
+    return SeedRun(
+        {}, series={"curves": curves, "chosen_lr": chosen_lr, "median_peak_mb": medians}, units=units
+    )
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Held-out accuracy against cumulative token positions processed by the updates (first seed)."""
-    fig, ax = new_figure()
+    """Validation accuracy against cumulative update tokens and against cumulative update CPU time (first seed)."""
+    fig, axes = new_figure(ncols=2, figsize=(10, 4))
     for arm, curve in runs[0].series["curves"].items():
-        ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", label=arm)
-    ax.set_xlabel("token positions processed by the updates (cumulative)")
-    ax.set_ylabel("greedy accuracy (held-out)")
-    ax.legend(fontsize=7)
+        for ax, k in zip(axes, (0, 1), strict=True):
+            ax.plot(
+                [p[k] / (1e3 if k == 0 else 1.0) for p in curve], [p[2] for p in curve], marker="o", label=arm
+            )
+    axes[0].set_xlabel("token positions processed by the updates (cumulative, thousands)")
+    axes[1].set_xlabel("CPU seconds of the updates (cumulative)")
+    for ax in axes:
+        ax.set_ylabel("greedy accuracy (validation prompts)")
+    axes[0].legend(fontsize=7)
     return [save_figure(fig, out_dir / f"{result['mode']}_accuracy_vs_tokens.png")]
