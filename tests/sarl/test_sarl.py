@@ -1,5 +1,6 @@
 """SARL: airspace kinematics and separation, CPA against brute force, the shield, PERG/SC-MoE properties,
-MAPPO, the PettingZoo API test, the reproduction."""
+the streams world, GAE against TorchRL and a float64 reference, MAPPO, the PettingZoo API test (and TorchRL's
+wrapper), the reproduction."""
 
 from __future__ import annotations
 
@@ -19,11 +20,22 @@ from icml26.sarl import (
     cpa,
     physics_prior,
 )
-from icml26.sarl.experiment import PRESETS, run
-from icml26.sarl.mappo import PPOConfig, evaluate, evaluate_episodes, fly_straight, greedy_direct, train
+from icml26.sarl.experiment import PRESETS, max_steps, run
+from icml26.sarl.mappo import (
+    PPOConfig,
+    evaluate,
+    evaluate_episodes,
+    fly_straight,
+    gae_advantages,
+    greedy_direct,
+    train,
+)
 
 from ..conftest import ROOT
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
+
+#: the smoke preset's code path on a small world (the streams family with 4-8 aircraft), to keep tests fast
+SMALL = dataclasses.replace(PRESETS["smoke"], train_sizes=(4, 6), eval_n=6, scales=(8,), radius_nm=30.0)
 
 
 def _two(core, p1, h1, p2, h2, spd=420.0):
@@ -48,18 +60,18 @@ def test_kinematics_by_hand():
     core.step(np.zeros((1, 2), int))
     # 360 kt for 15 s = 1.5 NM east, heading clockwise from north
     assert core.x[0, 0] == pytest.approx(1.5) and core.y[0, 0] == pytest.approx(0.0, abs=1e-9)
-    core.step(np.array([[4, 0]]))                   # right 30: rate one, 3 deg/s over 15 s reaches 135 deg? no: 30
+    core.step(np.array([[4, 0]]))  # right 30: rate one, 3 deg/s over 15 s reaches 135 deg? no: 30
     assert core.cmd_hdg[0, 0] == pytest.approx(120.0) and core.hdg[0, 0] == pytest.approx(120.0)
-    core.step(np.array([[6, 0]]))                   # speed + 20 kt at 1 kt/s: 15 kt in one decision
+    core.step(np.array([[6, 0]]))  # speed + 20 kt at 1 kt/s: 15 kt in one decision
     assert core.cmd_spd[0, 0] == pytest.approx(380.0) and core.spd[0, 0] == pytest.approx(375.0)
 
 
 def test_loss_of_separation_events_and_time():
     core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0, max_steps=100)
-    _two(core, (0.0, 0.0), 90.0, (20.0, 0.0), 270.0)          # head-on, closing at 840 kt
+    _two(core, (0.0, 0.0), 90.0, (20.0, 0.0), 270.0)  # head-on, closing at 840 kt
     for _ in range(8):
         core.step(np.zeros((1, 2), int))
-    assert core.los_events[0] == 1.0                           # one rising edge for the pair
+    assert core.los_events[0] == 1.0  # one rising edge for the pair
     assert core.los_time[0].min() > 0 and core.los_time[0].max() % 5 == 0
 
 
@@ -80,9 +92,9 @@ def test_shield_turns_right_in_a_head_on_encounter():
     _two(core, (0.0, 0.0), 90.0, (25.0, 0.0), 270.0)
     shield = KinematicSafetyShield(core)
     sev, count = shield.severity()
-    assert sev[0, 0, 0] > 0 and count[0, 0, 0] == 1            # maintaining is a conflict
+    assert sev[0, 0, 0] > 0 and count[0, 0, 0] == 1  # maintaining is a conflict
     actions, overridden = shield.filter(np.zeros((1, 2), int))
-    assert overridden.all() and set(actions[0]) <= {2, 4}       # both turn right (SERA), never left
+    assert overridden.all() and set(actions[0]) <= {2, 4}  # both turn right (SERA), never left
     assert shield.safe_mask()[0, 0, 4] and not shield.safe_mask()[0, 0, 0]
     with pytest.raises(ValueError, match="mode"):
         KinematicSafetyShield(core, mode="vibes")
@@ -100,12 +112,17 @@ def test_physics_prior_and_perg_invariances():
     obs = observe(core, "graph")
     logits = forward(pol, "graph", obs)[0]
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
-    pobs = {"x": obs["x"][:, perm], "e": obs["e"][:, perm][:, :, perm], "mask": obs["mask"][:, perm][:, :, perm],
-            "alive": obs["alive"][:, perm], "ctx": obs["ctx"][:, perm]}
+    pobs = {
+        "x": obs["x"][:, perm],
+        "e": obs["e"][:, perm][:, :, perm],
+        "mask": obs["mask"][:, perm][:, :, perm],
+        "alive": obs["alive"][:, perm],
+        "ctx": obs["ctx"][:, perm],
+    }
     plogits = forward(pol, "graph", pobs)[0]
-    torch.testing.assert_close(plogits, logits[:, perm], atol=1e-5, rtol=1e-5)   # permutation-equivariant
+    torch.testing.assert_close(plogits, logits[:, perm], atol=1e-5, rtol=1e-5)  # permutation-equivariant
     big = AirspaceCore(n_envs=1, n_aircraft=20, radius_nm=60, seed=3)
-    assert forward(pol, "graph", observe(big, "graph"))[0].shape == (1, 20, 8)     # any number of aircraft
+    assert forward(pol, "graph", observe(big, "graph"))[0].shape == (1, 20, 8)  # any number of aircraft
 
 
 def test_moe_gates_and_load_balance():
@@ -116,23 +133,44 @@ def test_moe_gates_and_load_balance():
     assert logits.shape == (3, 5, 8) and torch.allclose(probs.sum(-1), torch.ones(3, 5))
     f = torch.nn.functional.one_hot(probs.argmax(-1), 4).float().reshape(-1, 4).mean(0)
     p = probs.reshape(-1, 4).mean(0)
-    assert float(aux.detach()) == pytest.approx(float(4 * (f * p).sum()), rel=1e-5)   # Switch: E sum f_e P_e
+    assert float(aux.detach()) == pytest.approx(float(4 * (f * p).sum()), rel=1e-5)  # Switch: E sum f_e P_e
     with pytest.raises(ValueError, match="top_k"):
         SCMoEHead(n_experts=2, top_k=3)
 
 
 def test_mappo_trains_and_references_behave():
-    make = lambda: AirspaceCore(n_envs=4, n_aircraft=[3, 4], seed=0)    # noqa: E731
-    hist = train(SARLPolicy(), "graph", make, PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=2),
-                 total_agent_steps=100, seed=0, shield_train=True)
+    make = lambda: AirspaceCore(n_envs=4, n_aircraft=[3, 4], seed=0)  # noqa: E731
+    hist = train(
+        SARLPolicy(),
+        "graph",
+        make,
+        PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=2),
+        total_agent_steps=100,
+        seed=0,
+        shield_train=True,
+    )
     assert hist and hist[-1]["agent_steps"] >= 100 and np.isfinite(hist[-1]["policy"])
-    hist2 = train(KNNMLPPolicy(), "knn", make, PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=1),
-                  total_agent_steps=60, seed=0)
+    hist2 = train(
+        KNNMLPPolicy(),
+        "knn",
+        make,
+        PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=1),
+        total_agent_steps=60,
+        seed=0,
+    )
     assert hist2[-1]["agent_steps"] >= 60
-    straight = evaluate(fly_straight, lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
-                        episodes=8, shield_eval=False)
-    greedy = evaluate(greedy_direct, lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
-                      episodes=8, shield_eval=True)
+    straight = evaluate(
+        fly_straight,
+        lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
+        episodes=8,
+        shield_eval=False,
+    )
+    greedy = evaluate(
+        greedy_direct,
+        lambda: AirspaceCore(n_envs=8, n_aircraft=5, scenario="circle", seed=1),
+        episodes=8,
+        shield_eval=True,
+    )
     assert straight["los_events"] > 1 and greedy["success"] > straight["success"]
     with pytest.raises(ValueError, match="kind"):
         train(KNNMLPPolicy(), "cnn", make, PPOConfig(), total_agent_steps=1)
@@ -158,23 +196,40 @@ def test_bad_input():
         AirspaceCore(n_aircraft=0)
     with pytest.raises(ValueError, match="scenario"):
         AirspaceCore(scenario="spiral")
+    for kwargs, match in (
+        ({"n_envs": 0}, "n_envs"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"substeps": 1.5}, "substeps"),
+        ({"dt": float("nan")}, "dt"),
+        ({"sep_nm": -1.0}, "sep_nm"),
+        ({"lookahead_s": float("inf")}, "lookahead_s"),
+        ({"radius_nm": 8.0}, "radius_nm"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            AirspaceCore(**kwargs)
     core = AirspaceCore(n_envs=2, n_aircraft=3, seed=0)
     with pytest.raises(ValueError, match="actions must be ints"):
         core.step(np.full((2, 3), 8))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"n_aircraft": 0}, "n_aircraft must be a positive int"),
-    ({"n_aircraft": -2}, "n_aircraft must be a positive int"),
-    ({"n_aircraft": 2.5}, "n_aircraft must be a positive int"),
-    ({"n_aircraft": True}, "n_aircraft must be a positive int"),
-    ({"n_aircraft": []}, "n_aircraft must be a positive int"),
-    ({"n_aircraft": 5, "max_aircraft": 3}, r"max_aircraft must be an int >= n_aircraft \(5\)"),
-    ({"n_aircraft": [2, 6], "max_aircraft": 4}, r"max_aircraft must be an int >= n_aircraft \(6\)"),
-    ({"seed": -1}, "seed must be a non-negative int"),
-    ({"shield": "yes"}, "shield must be True or False"),
-    ({"render_mode": "human"}, "render_mode"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n_aircraft": 0}, "n_aircraft must be a positive int"),
+        ({"n_aircraft": -2}, "n_aircraft must be a positive int"),
+        ({"n_aircraft": 2.5}, "n_aircraft must be a positive int"),
+        ({"n_aircraft": True}, "n_aircraft must be a positive int"),
+        ({"n_aircraft": []}, "n_aircraft must be a positive int"),
+        ({"n_aircraft": 5, "max_aircraft": 3}, r"max_aircraft must be an int >= n_aircraft \(5\)"),
+        ({"n_aircraft": [2, 6], "max_aircraft": 4}, r"max_aircraft must be an int >= n_aircraft \(6\)"),
+        ({"seed": -1}, "seed must be a non-negative int"),
+        ({"shield": "yes"}, "shield must be True or False"),
+        ({"render_mode": "human"}, "render_mode"),
+        ({"scenario": "spiral"}, "scenario"),
+        ({"radius_nm": 0.0}, "radius_nm"),
+        ({"max_steps": -1}, "max_steps"),
+    ],
+)
 def test_parallel_env_bad_configuration_names_the_argument(kwargs, match):
     pytest.importorskip("pettingzoo")
     from icml26.sarl import parallel_env
@@ -185,18 +240,22 @@ def test_parallel_env_bad_configuration_names_the_argument(kwargs, match):
 
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("sarl", tmp_path, mode="smoke")
-    assert {"sarl", "mlp_knn", "greedy_kss", "sarl_no_shield_kss"} <= set(data["arms"])
+    assert {"sarl", "sarl_no_moe", "mlp_knn_kss", "greedy_kss", "fly_straight", "sarl_no_shield_kss"} <= set(
+        data["arms"]
+    )
+    assert {c["id"] for c in data["claims"]} >= {"not_only_the_shield", "beats_rule_based", "moe_stability"}
     assert (tmp_path / "sarl" / "smoke_sarl.png").is_file()
 
 
 def test_same_seed_same_numbers():
-    cfg = dataclasses.replace(PRESETS["smoke"], budget=300, eval_episodes=4, eval_episodes_n20=2)
-    assert run(cfg).metrics == run(cfg).metrics
+    cfg = dataclasses.replace(SMALL, budget=200, eval_episodes=2, eval_episodes_scales=1)
+    a, b = run(cfg).metrics, run(cfg).metrics
+    np.testing.assert_equal(a, b)  # NaN-aware
 
 
 def test_seeded_evaluation_episodes_pair_across_policies():
-    make = lambda: AirspaceCore(n_envs=3, n_aircraft=4, seed=99)    # noqa: E731  (core seed: irrelevant)
-    seeds = [(7, i) for i in range(5)]                               # 5 episodes in batches of 3 (one padded)
+    make = lambda: AirspaceCore(n_envs=3, n_aircraft=4, seed=99)  # noqa: E731  (core seed: irrelevant)
+    seeds = [(7, i) for i in range(5)]  # 5 episodes in batches of 3 (one padded)
     starts = []
 
     def recording(act):
@@ -204,34 +263,154 @@ def test_seeded_evaluation_episodes_pair_across_policies():
             if (core.t == 0).all() and core.alive.any():
                 starts.append(np.stack([core.x, core.y], -1)[core.present].round(9).tolist())
             return act(core)
+
         return fn
 
     a = evaluate_episodes(recording(fly_straight), make, episode_seeds=seeds, shield_eval=False)
     b = evaluate_episodes(recording(greedy_direct), make, episode_seeds=seeds, shield_eval=True)
-    assert len(a) == len(b) == 5 and starts[:2] == starts[2:]     # same scenarios, batch by batch
+    assert len(a) == len(b) == 5 and starts[:2] == starts[2:]  # same scenarios, batch by batch
     assert [e["n"] for e in a] == [e["n"] for e in b] == [4.0] * 5
     # an episode depends on its own seed only: alone, or after others, it is the same scenario
     alone = evaluate_episodes(fly_straight, make, episode_seeds=seeds[3:4], shield_eval=False)
-    np.testing.assert_equal(alone[0], a[3])                          # NaN-aware (extra_path)
-    assert evaluate(fly_straight, make, episodes=5, shield_eval=False, episode_seed=7)["los_events"] == pytest.approx(
-        np.mean([e["los_events"] for e in a]))
+    np.testing.assert_equal(alone[0], a[3])  # NaN-aware (extra_path)
+    assert evaluate(fly_straight, make, episodes=5, shield_eval=False, episode_seed=7)[
+        "los_events"
+    ] == pytest.approx(np.mean([e["los_events"] for e in a]))
     with pytest.raises(ValueError, match="one seed per reset env"):
         AirspaceCore(n_envs=2, n_aircraft=3, seed=0).reset(np.ones(2, bool), seeds=[1])
 
 
 def test_run_records_paired_episode_units():
-    cfg = dataclasses.replace(PRESETS["smoke"], budget=200, eval_episodes=3, eval_episodes_n20=2)
+    cfg = dataclasses.replace(SMALL, budget=200, eval_episodes=3, eval_episodes_scales=2)
     res = run(cfg)
-    assert set(res.units) == {"episodes", "episodes_n20"}
-    for unit, n in (("episodes", 3), ("episodes_n20", 2)):
+    assert set(res.units) == {"episodes", "episodes_n8"}
+    for unit, n in (("episodes", 3), ("episodes_n8", 2)):
         suffix = unit.removeprefix("episodes")
         for arm, ms in res.units[unit].items():
             assert all(len(v) == n for v in ms.values()), (unit, arm)
             assert set(ms[f"success{suffix}"]) <= {0.0, 1.0}
             assert res.metrics[arm][f"ac_conflict_free{suffix}"] == pytest.approx(
-                float(np.mean(ms[f"ac_conflict_free{suffix}"])), abs=1e-12)
+                float(np.mean(ms[f"ac_conflict_free{suffix}"])), abs=1e-12
+            )
     # a policy without the shield and the same policy shielded at inference fly the same scenarios
-    assert res.units["episodes"]["mlp_knn"].keys() == res.units["episodes"]["mlp_knn_kss"].keys()
+    assert (
+        res.units["episodes"]["sarl_no_shield"].keys() == res.units["episodes"]["sarl_no_shield_kss"].keys()
+    )
+    assert "delay_s" in res.metrics["greedy_kss"]
+
+
+def _gae_reference(rew, val, done, alive, last, gamma, lam):
+    """Float64 GAE written from the definition: A_t = sum_k (gamma lam)^k delta_{t+k}, cut at episode ends."""
+    rew, val, done, alive, last = (np.asarray(a, np.float64) for a in (rew, val, done, alive, last))
+    T = rew.shape[0]
+    nxt = np.concatenate([val[1:], last[None]], 0)
+    delta = rew + gamma * nxt * (1 - done) - val
+    adv = np.zeros_like(rew)
+    for t in range(T):
+        acc, disc = np.zeros_like(rew[0]), np.ones_like(rew[0])
+        for k in range(t, T):
+            acc = acc + disc * delta[k]
+            disc = disc * gamma * lam * (1 - done[k])
+        adv[t] = acc
+    # an empty slot at t contributes nothing and passes nothing back (slot reuse after a reset)
+    out = np.zeros_like(adv)
+    acc = np.zeros_like(rew[0])
+    for t in reversed(range(T)):
+        acc = (delta[t] + gamma * lam * (1 - done[t]) * acc) * alive[t]
+        out[t] = acc
+    return adv, out
+
+
+def test_gae_against_a_float64_reference_and_torchrl():
+    g = torch.Generator().manual_seed(0)
+    T, B, N = 12, 3, 4
+    rew, val = torch.randn(T, B, N, generator=g), torch.randn(T, B, N, generator=g)
+    last = torch.randn(B, N, generator=g)
+    done = torch.rand(T, B, N, generator=g) < 0.2
+    alive = torch.ones(T, B, N, dtype=torch.bool)
+    ours = gae_advantages(rew, val, done, alive, last, 0.99, 0.95)
+    closed_form, _ = _gae_reference(rew, val, done, alive, last, 0.99, 0.95)
+    np.testing.assert_allclose(ours.numpy(), closed_form, rtol=1e-5, atol=1e-5)
+    alive = torch.rand(T, B, N, generator=g) > 0.3  # empty slots mask the recursion
+    _, masked = _gae_reference(rew, val, done, alive, last, 0.99, 0.95)
+    np.testing.assert_allclose(
+        gae_advantages(rew, val, done, alive, last, 0.99, 0.95).numpy(), masked, rtol=1e-5, atol=1e-5
+    )
+    tr = pytest.importorskip("torchrl.objectives.value.functional")
+    # TorchRL: time on dim -2, a trailing feature dim; next values shifted by one step
+    to_tr = lambda a: a.permute(1, 2, 0).unsqueeze(-1).double()  # noqa: E731  (T, B, N) -> (B, N, T, 1)
+    nxt = torch.cat([val[1:], last[None]], 0)
+    d_tr = done.permute(1, 2, 0).unsqueeze(-1)
+    adv_tr, _ = tr.generalized_advantage_estimate(0.99, 0.95, to_tr(val), to_tr(nxt), to_tr(rew), d_tr, d_tr)
+    ones = torch.ones(T, B, N, dtype=torch.bool)
+    np.testing.assert_allclose(
+        gae_advantages(rew.double(), val.double(), done, ones, last.double(), 0.99, 0.95).numpy(),
+        adv_tr.squeeze(-1).permute(2, 0, 1).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )  # TorchRL agrees to ~4e-8
+
+
+def test_streams_world():
+    core = AirspaceCore(
+        n_envs=4, n_aircraft=20, radius_nm=40.0, max_steps=max_steps(20, 40.0), scenario="streams", seed=3
+    )
+    for b in range(4):
+        n = int(core.present[b].sum())
+        assert n == 20
+        d = np.hypot(core.x[b, :n, None] - core.x[b, None, :n], core.y[b, :n, None] - core.y[b, None, :n])
+        assert (d + np.eye(n) * 1e9).min() >= 2 * core.S  # no spawn conflicts
+        exits = np.round(np.stack([core.exit_x[b, :n], core.exit_y[b, :n]], -1), 6)
+        assert len(np.unique(exits, axis=0)) == 3  # flows 0 and 1 merge onto one fix
+        assert np.allclose(np.hypot(*exits.T), 40.0)  # exits on the sector boundary
+        # every aircraft starts on or outside the boundary, in trail behind its entry fix
+        assert (np.hypot(core.x[b, :n], core.y[b, :n]) >= 40.0 - 1e-6).all()
+
+    # the world the issue asks for: the shielded rule-based controller resolves some scenarios but not all,
+    # fly-straight almost none, and the shield costs path and delay
+    def make():
+        return AirspaceCore(
+            n_envs=6, n_aircraft=20, radius_nm=40.0, max_steps=max_steps(20, 40.0), scenario="streams", seed=0
+        )
+
+    straight = evaluate(fly_straight, make, episodes=6, shield_eval=False, episode_seed=5)
+    greedy = evaluate(greedy_direct, make, episodes=6, shield_eval=True, episode_seed=5)
+    assert straight["los_events"] > 5 and greedy["los_events"] < straight["los_events"]
+    assert greedy["delay_s"] > straight["delay_s"] + 30 and straight["delay_s"] == pytest.approx(
+        0.0, abs=10.0
+    )
+
+
+def test_delay_of_a_straight_flight_by_hand():
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0, max_steps=200)
+    _two(core, (0.0, 0.0), 90.0, (0.0, 50.0), 270.0)
+    core.exit_x[0, 0], core.exit_y[0, 0] = 30.0, 0.0  # 28 NM to the capture circle at 420 kt
+    core.exit_x[0, 1], core.exit_y[0, 1] = -30.0, 50.0
+    core.straight[0, :2] = 28.0
+    core.airborne_s[:] = 0.0
+    core.auto_reset = False
+    while core.alive[0].any():
+        core.step(np.zeros((1, 2), int))
+    m = core.episode_metrics(0)
+    # 240 s at 420 kt; arrival is "closer than 2 NM", detected at the first 5 s substep past it: delay in [0, 5] s
+    assert 0.0 <= m["delay_s"] <= 5.0 and m["success"] == 1.0
+
+
+def test_torchrl_wraps_the_parallel_env():
+    pytest.importorskip("pettingzoo")
+    pytest.importorskip("torchrl")
+    from torchrl.envs.libs.pettingzoo import PettingZooWrapper
+
+    from icml26.sarl import parallel_env
+
+    env = PettingZooWrapper(
+        parallel_env(n_aircraft=4, shield=True, seed=0),
+        use_mask=True,
+        categorical_actions=True,
+        return_state=False,
+    )
+    td = env.rollout(5)
+    assert td.batch_size[0] == 5
 
 
 @pytest.mark.slow
@@ -239,14 +418,16 @@ def test_quick_reproduces_the_committed_results(tmp_path):
     data = reproduce_in_subprocess("sarl", tmp_path, mode="quick")
     # The references (fly_straight, greedy_kss) are float64 numpy: identical on any CPU up to libm (1e-6). The
     # learned arms train with float32 torch: another CPU's BLAS changes the policies in the last bits, and PPO
-    # amplifies that over 40k agent-samples; what must stay is every verdict and the scale of every number
-    # (rates within 0.15, counts per aircraft or per episode within 30 %).
+    # amplifies that over 5k agent-samples per method; what must stay is every verdict and the scale of every number
+    # (rates within 0.15, counts per aircraft or per episode within 30 %, delays within 30 % + 30 s).
     committed = json.loads((ROOT / "results" / "sarl" / "quick.json").read_text())
     metrics = {}
     for arm, ms in committed["arms"].items():
         for m, stat in ms.items():
             if arm in ("fly_straight", "greedy_kss"):
                 metrics[f"{arm}.{m}"] = 1e-6
+            elif m.startswith("delay_s"):
+                metrics[f"{arm}.{m}"] = 0.3 * abs(stat["mean"]) + 30.0
             elif m.startswith(("success", "ac_conflict_free")):
                 metrics[f"{arm}.{m}"] = 0.15
             else:

@@ -7,10 +7,27 @@ Needs the ``rl`` extra for PettingZoo. No paper numbers exist; nothing here is "
 """
 
 from .env import ACTION_NAMES, N_ACTIONS, AirspaceCore, cpa, parallel_env
-from .mappo import PPOConfig, evaluate, fly_straight, greedy_direct, greedy_policy, train
+from .mappo import PPOConfig, evaluate, fly_straight, gae_advantages, greedy_direct, greedy_policy, train
 from .policy import KNNMLPPolicy, PERGEncoder, SARLPolicy, SCMoEHead, physics_prior
 from .shield import KinematicSafetyShield
 
-__all__ = ["ACTION_NAMES", "N_ACTIONS", "AirspaceCore", "KNNMLPPolicy", "KinematicSafetyShield", "PERGEncoder",
-           "PPOConfig", "SARLPolicy", "SCMoEHead", "cpa", "evaluate", "fly_straight", "greedy_direct",
-           "greedy_policy", "parallel_env", "physics_prior", "train"]
+__all__ = [
+    "ACTION_NAMES",
+    "N_ACTIONS",
+    "AirspaceCore",
+    "KNNMLPPolicy",
+    "KinematicSafetyShield",
+    "PERGEncoder",
+    "PPOConfig",
+    "SARLPolicy",
+    "SCMoEHead",
+    "cpa",
+    "evaluate",
+    "fly_straight",
+    "gae_advantages",
+    "greedy_direct",
+    "greedy_policy",
+    "parallel_env",
+    "physics_prior",
+    "train",
+]

@@ -9,9 +9,12 @@ radius 2 NM). Instructions (ATC phraseology): 0 maintain (no new clearance), 1/2
 left/right 30 deg (relative to the cleared heading), 5/6 speed -/+ 20 kt (300-480 kt), 7 direct to the exit at
 the nominal speed.
 
-Scenarios: ``circle`` (aircraft on a ring heading to the antipode +-25 deg) and ``crossing`` (entry and exit on
-the ring at least 90 deg apart); spawns closer than 2 S and scenarios whose first predicted LoS is under 60 s
-are rejected. ``n_aircraft`` may be a range (mixed traffic): unused slots stay empty.
+Scenarios: ``circle`` (aircraft on a ring heading to the antipode +-25 deg), ``crossing`` (entry and exit on
+the ring at least 90 deg apart) and ``streams`` (issue #27: four traffic flows, two merging onto one exit fix and
+two crossing the sector, aircraft queued in trail behind their entry fixes at 10-16 NM, 380-460 kt, so followers
+catch up); spawns closer than 2 S and scenarios whose first predicted LoS is under 60 s are rejected.
+``n_aircraft`` may be a range (mixed traffic): unused slots stay empty. Metrics per episode include the extra path
+and the delay (seconds beyond the straight path at the nominal speed, arrived aircraft).
 
 Example:
     >>> core = AirspaceCore(n_envs=2, n_aircraft=5, seed=0)
@@ -29,6 +32,9 @@ from typing import Any
 import numpy as np
 
 N_ACTIONS = 8
+SCENARIOS = ("circle", "crossing", "streams")
+#: traffic flows of the ``streams`` scenario (two merging, two crossing)
+STREAMS = 4
 ACTION_NAMES = ("maintain", "left15", "right15", "left30", "right30", "slower", "faster", "direct")
 _TURN = np.array([0.0, -15.0, 15.0, -30.0, 30.0, 0.0, 0.0, 0.0])
 _SPD = np.array([0.0, 0.0, 0.0, 0.0, 0.0, -20.0, 20.0, 0.0])
@@ -42,8 +48,8 @@ def _wrap(deg: np.ndarray) -> np.ndarray:
 def cpa(p: np.ndarray, w: np.ndarray, horizon: float) -> tuple[np.ndarray, np.ndarray]:
     """Time (s) and distance (NM) of closest approach of relative position ``p`` (NM) and velocity ``w`` (kt),
     straight lines, time clipped to [0, horizon]."""
-    w_s = w / 3600.0                                              # NM per second
-    ww = (w_s ** 2).sum(-1)
+    w_s = w / 3600.0  # NM per second
+    ww = (w_s**2).sum(-1)
     t = np.where(ww > 1e-12, -(p * w_s).sum(-1) / np.maximum(ww, 1e-12), 0.0)
     t = np.clip(t, 0.0, horizon)
     d = np.linalg.norm(p + w_s * t[..., None], axis=-1)
@@ -53,17 +59,43 @@ def cpa(p: np.ndarray, w: np.ndarray, horizon: float) -> tuple[np.ndarray, np.nd
 class AirspaceCore:
     """Batched airspace: ``n_envs`` scenarios x ``max(n_aircraft)`` slots (see the module docstring)."""
 
-    def __init__(self, n_envs: int = 64, n_aircraft: int | Sequence[int] = 5, *, radius_nm: float = 30.0,
-                 dt: float = 5.0, substeps: int = 3, max_steps: int = 80, sep_nm: float = 5.0,
-                 obs_radius_nm: float = 40.0, lookahead_s: float = 180.0, capture_nm: float = 2.0,
-                 scenario: str = "crossing", seed: int | None = None, auto_reset: bool = True):
+    def __init__(
+        self,
+        n_envs: int = 64,
+        n_aircraft: int | Sequence[int] = 5,
+        *,
+        radius_nm: float = 30.0,
+        dt: float = 5.0,
+        substeps: int = 3,
+        max_steps: int = 80,
+        sep_nm: float = 5.0,
+        obs_radius_nm: float = 40.0,
+        lookahead_s: float = 180.0,
+        capture_nm: float = 2.0,
+        scenario: str = "crossing",
+        seed: int | None = None,
+        auto_reset: bool = True,
+    ):
         sizes = [n_aircraft] if isinstance(n_aircraft, int) else list(n_aircraft)
         if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
             raise ValueError(f"n_aircraft must be a positive int or a list of them, got {n_aircraft!r}")
-        if scenario not in ("circle", "crossing"):
-            raise ValueError(f"scenario must be 'circle' or 'crossing', got {scenario!r}")
-        if n_envs < 1 or radius_nm <= 2 * sep_nm or dt <= 0 or substeps < 1 or max_steps < 1:
-            raise ValueError("n_envs, dt, substeps, max_steps must be positive and radius_nm > 2 * sep_nm")
+        if scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
+        for name, value in (("n_envs", n_envs), ("substeps", substeps), ("max_steps", max_steps)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, value in (
+            ("dt", dt),
+            ("sep_nm", sep_nm),
+            ("obs_radius_nm", obs_radius_nm),
+            ("lookahead_s", lookahead_s),
+            ("capture_nm", capture_nm),
+            ("radius_nm", radius_nm),
+        ):
+            if not np.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if radius_nm <= 2 * sep_nm:
+            raise ValueError(f"radius_nm must exceed 2 * sep_nm = {2 * sep_nm}, got {radius_nm!r}")
         self.B, self.sizes, self.N = n_envs, sizes, max(sizes)
         self.R, self.dt, self.substeps, self.max_steps = radius_nm, dt, substeps, max_steps
         self.S, self.R_obs, self.H, self.capture = sep_nm, obs_radius_nm, lookahead_s, capture_nm
@@ -73,7 +105,8 @@ class AirspaceCore:
         self.x, self.y, self.hdg, self.spd = (np.zeros(shape) for _ in range(4))
         self.cmd_hdg, self.cmd_spd, self.nominal = (np.zeros(shape) for _ in range(3))
         self.exit_x, self.exit_y, self.straight = (np.zeros(shape) for _ in range(3))
-        self.present = np.zeros(shape, bool)                 # the slot holds an aircraft this episode
+        self.airborne_s = np.zeros(shape)  # seconds flown until arrival (or so far)
+        self.present = np.zeros(shape, bool)  # the slot holds an aircraft this episode
         self.alive = np.zeros(shape, bool)
         self.arrived = np.zeros(shape, bool)
         self.prev_action = np.zeros(shape, int)
@@ -86,18 +119,51 @@ class AirspaceCore:
         self.reset(np.ones(self.B, bool))
 
     # ------------------------------------------------------------------------------------------- scenarios
+    def _streams(self, n: int) -> tuple[np.ndarray, ...]:
+        """Entry points, exits and speeds of the ``streams`` family: 4 traffic flows from entry fixes on the
+        sector boundary at least 40 deg apart; flows 0 and 1 merge onto one exit fix, flows 2 and 3 cross the
+        sector to exits 150-210 deg from their entries (so crossing angles vary scenario to scenario). Aircraft
+        are assigned to flows in turn and queue in trail behind the entry fix (spacing 10-16 NM, so they start up
+        to a few trail lengths outside the boundary); speeds 380-460 kt, so followers catch up."""
+        for _ in range(100):
+            ent = np.sort(self.rng.uniform(0, 360, STREAMS))
+            gaps = np.diff(np.r_[ent, ent[0] + 360.0])
+            if gaps.min() >= 40.0:
+                break
+        ent = self.rng.permutation(ent)
+        ext = np.empty(STREAMS)
+        ext[:2] = ent[:2].mean() + 180.0 + self.rng.uniform(-20, 20)  # the merge: one exit fix for 0 and 1
+        ext[2:] = ent[2:] + 180.0 + self.rng.uniform(-30, 30, STREAMS - 2)
+        flow = np.arange(n) % STREAMS
+        rank = np.arange(n) // STREAMS
+        back = np.zeros(n)
+        for f in range(STREAMS):
+            k = flow == f
+            back[k] = np.cumsum(np.r_[0.0, self.rng.uniform(10, 16, k.sum() - 1)]) if k.any() else 0.0
+        back += self.rng.uniform(0, 8, STREAMS)[flow] * (rank == 0)
+        a_in, a_out = np.radians(ent[flow]), np.radians(ext[flow])
+        ex, ey = self.R * np.sin(a_out), self.R * np.cos(a_out)
+        fx, fy = self.R * np.sin(a_in), self.R * np.cos(a_in)  # entry fix
+        ux, uy = (ex - fx), (ey - fy)
+        norm = np.hypot(ux, uy)
+        px, py = fx - back * ux / norm, fy - back * uy / norm  # in trail behind the entry fix
+        return px, py, ex, ey, self.rng.uniform(380, 460, n)
+
     def _spawn(self, b: int) -> None:
         n = int(self.rng.choice(self.sizes))
         for _ in range(200):
-            ang_in = self.rng.uniform(0, 360, n)
-            if self.scenario == "circle":
-                ang_out = ang_in + 180.0 + self.rng.uniform(-25, 25, n)
+            if self.scenario == "streams":
+                px, py, ex, ey, spd = self._streams(n)
             else:
-                ang_out = ang_in + self.rng.uniform(90, 270, n)
-            px, py = self.R * np.sin(np.radians(ang_in)), self.R * np.cos(np.radians(ang_in))
-            ex, ey = self.R * np.sin(np.radians(ang_out)), self.R * np.cos(np.radians(ang_out))
+                ang_in = self.rng.uniform(0, 360, n)
+                if self.scenario == "circle":
+                    ang_out = ang_in + 180.0 + self.rng.uniform(-25, 25, n)
+                else:
+                    ang_out = ang_in + self.rng.uniform(90, 270, n)
+                px, py = self.R * np.sin(np.radians(ang_in)), self.R * np.cos(np.radians(ang_in))
+                ex, ey = self.R * np.sin(np.radians(ang_out)), self.R * np.cos(np.radians(ang_out))
+                spd = self.rng.uniform(380, 460, n)
             hdg = np.degrees(np.arctan2(ex - px, ey - py)) % 360
-            spd = self.rng.uniform(380, 460, n)
             d = np.hypot(px[:, None] - px[None], py[:, None] - py[None]) + np.eye(n) * 1e9
             if d.min() < 2 * self.S:
                 continue
@@ -116,7 +182,14 @@ class AirspaceCore:
         self.exit_x[b, sl], self.exit_y[b, sl] = ex, ey
         self.straight[b] = 1.0
         self.straight[b, sl] = np.maximum(np.hypot(ex - px, ey - py) - self.capture, 1e-6)
-        for arr in (self.flown[b], self.instructions[b], self.changes[b], self.los_time[b], self.overrides[b]):
+        for arr in (
+            self.flown[b],
+            self.instructions[b],
+            self.changes[b],
+            self.los_time[b],
+            self.overrides[b],
+            self.airborne_s[b],
+        ):
             arr[:] = 0.0
         self.prev_action[b] = 0
         self.los_events[b] = 0.0
@@ -165,7 +238,7 @@ class AirspaceCore:
         """Relative geometry of every ordered pair (i observes j)."""
         p = np.stack([self.x, self.y], -1)
         v = self.velocities()
-        rel_p = p[:, None] - p[:, :, None]                      # (B, i, j, 2): j relative to i
+        rel_p = p[:, None] - p[:, :, None]  # (B, i, j, 2): j relative to i
         rel_v = v[:, None] - v[:, :, None]
         rng = np.linalg.norm(rel_p, axis=-1)
         t, d = cpa(rel_p, rel_v, self.H)
@@ -179,23 +252,45 @@ class AirspaceCore:
         bearing = np.degrees(np.arctan2(self.exit_x - self.x, self.exit_y - self.y))
         drift = np.radians(_wrap(bearing - self.hdg))
         dist = np.hypot(self.exit_x - self.x, self.exit_y - self.y) / self.R
-        f = np.stack([np.cos(drift), np.sin(drift), dist, (self.spd - self.nominal) / 100.0,
-                      (self.cmd_spd - self.spd) / 100.0, np.zeros_like(dist), np.zeros_like(dist),
-                      _wrap(self.cmd_hdg - self.hdg) / 180.0], -1)
+        f = np.stack(
+            [
+                np.cos(drift),
+                np.sin(drift),
+                dist,
+                (self.spd - self.nominal) / 100.0,
+                (self.cmd_spd - self.spd) / 100.0,
+                np.zeros_like(dist),
+                np.zeros_like(dist),
+                _wrap(self.cmd_hdg - self.hdg) / 180.0,
+            ],
+            -1,
+        )
         return np.where(self.alive[..., None], f, 0.0).astype(np.float32)
 
     def edge_features(self, geom: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(B, N, N, 11) edge features in i's frame and the (B, N, N) neighbour mask (range < R_obs)."""
         g = geom or self.pairwise()
         h = np.radians(self.hdg)[:, :, None]
-        fwd = np.stack([np.sin(h), np.cos(h)], -1)                 # (B, i, 1, 2)
+        fwd = np.stack([np.sin(h), np.cos(h)], -1)  # (B, i, 1, 2)
         right = np.stack([np.cos(h), -np.sin(h)], -1)
         rp, rv = g["rel_p"], g["rel_v"]
         conflict = (g["dcpa"] < self.S) & (g["tcpa"] < self.H) & (g["tcpa"] > 0)
-        e = np.stack([(rp * fwd).sum(-1) / self.R_obs, (rp * right).sum(-1) / self.R_obs,
-                      (rv * fwd).sum(-1) / 600.0, (rv * right).sum(-1) / 600.0, g["range"] / self.R_obs,
-                      g["tcpa"] / self.H, np.minimum(g["dcpa"] / self.S, 4.0), np.zeros_like(g["range"]),
-                      conflict.astype(float), np.exp(-g["tcpa"] / 60.0), (g["range"] < self.S).astype(float)], -1)
+        e = np.stack(
+            [
+                (rp * fwd).sum(-1) / self.R_obs,
+                (rp * right).sum(-1) / self.R_obs,
+                (rv * fwd).sum(-1) / 600.0,
+                (rv * right).sum(-1) / 600.0,
+                g["range"] / self.R_obs,
+                g["tcpa"] / self.H,
+                np.minimum(g["dcpa"] / self.S, 4.0),
+                np.zeros_like(g["range"]),
+                conflict.astype(float),
+                np.exp(-g["tcpa"] / 60.0),
+                (g["range"] < self.S).astype(float),
+            ],
+            -1,
+        )
         mask = g["both"] & (g["range"] < self.R_obs)
         return np.where(mask[..., None], e, 0.0).astype(np.float32), mask
 
@@ -208,7 +303,7 @@ class AirspaceCore:
         near = np.take_along_axis(e, order[..., None], axis=2)
         ok = np.take_along_axis(mask, order, axis=2)[..., None]
         near = np.where(ok, near, 0.0)
-        if near.shape[2] < k:                                          # fewer slots than k: zero padding
+        if near.shape[2] < k:  # fewer slots than k: zero padding
             near = np.concatenate([near, np.zeros((self.B, self.N, k - near.shape[2], near.shape[3]))], 2)
         return np.concatenate([x, near.reshape(self.B, self.N, -1)], -1).astype(np.float32)
 
@@ -220,8 +315,9 @@ class AirspaceCore:
         return np.stack([conflict.sum(-1) / 4.0, urgency], -1).astype(np.float32)
 
     # ------------------------------------------------------------------------------------------------- step
-    def step(self, actions: np.ndarray, overridden: np.ndarray | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: np.ndarray, overridden: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Apply one instruction per slot; returns (reward (B,N), agent done (B,N), env done (B,),
         alive before the step (B,N), info). Finished envs are reset; their metrics are appended to
         ``finished``."""
@@ -250,6 +346,7 @@ class AirspaceCore:
             self.x = np.where(self.alive, self.x + step_nm[..., 0], self.x)
             self.y = np.where(self.alive, self.y + step_nm[..., 1], self.y)
             self.flown += np.where(self.alive, np.linalg.norm(step_nm, axis=-1), 0.0)
+            self.airborne_s += self.alive * self.dt
             p = np.stack([self.x, self.y], -1)
             d = np.linalg.norm(p[:, None] - p[:, :, None], axis=-1)
             both = self.alive[:, :, None] & self.alive[:, None, :] & ~np.eye(self.N, dtype=bool)[None]
@@ -267,8 +364,14 @@ class AirspaceCore:
         predicted = ((geom["dcpa"] < self.S) & (geom["tcpa"] < self.H) & geom["both"]).sum(-1)
         bearing = np.degrees(np.arctan2(self.exit_x - self.x, self.exit_y - self.y))
         drift = np.abs(_wrap(bearing - self.hdg)) / 180.0
-        reward = (-1.0 * in_los - 0.1 * predicted - 0.05 * drift * self.alive - 0.02 * issued - 0.02 * changed
-                  + 1.0 * arrived_now) * alive0
+        reward = (
+            -1.0 * in_los
+            - 0.1 * predicted
+            - 0.05 * drift * self.alive
+            - 0.02 * issued
+            - 0.02 * changed
+            + 1.0 * arrived_now
+        ) * alive0
         self.t += 1
         env_done = (~self.alive.any(-1)) | (self.t >= self.max_steps)
         agent_done = alive0 & (~self.alive | env_done[:, None])
@@ -286,17 +389,35 @@ class AirspaceCore:
         n = max(int(pres.sum()), 1)
         conflict_free = (self.los_time[b] == 0) & pres
         extra = np.where(self.arrived[b] & pres, self.flown[b] / self.straight[b] - 1.0, np.nan)
-        return {"n": float(n), "success": float(self.los_events[b] == 0 and self.arrived[b][pres].all()),
-                "arrived": float(self.arrived[b][pres].mean()), "ac_conflict_free": float(conflict_free.sum() / n),
-                "los_events": float(self.los_events[b]), "los_time": float(self.los_time[b][pres].sum()),
-                "extra_path": float(np.nanmean(extra)) if np.isfinite(extra).any() else float("nan"),
-                "instructions": float(self.instructions[b][pres].mean()),
-                "changes": float(self.changes[b][pres].mean()), "overrides": float(self.overrides[b][pres].mean())}
+        # delay: seconds beyond the straight path at the aircraft's initial (nominal) speed, arrived aircraft only
+        delay = np.where(
+            self.arrived[b] & pres,
+            self.airborne_s[b] - 3600.0 * self.straight[b] / np.maximum(self.nominal[b], 1.0),
+            np.nan,
+        )
+        return {
+            "n": float(n),
+            "success": float(self.los_events[b] == 0 and self.arrived[b][pres].all()),
+            "arrived": float(self.arrived[b][pres].mean()),
+            "ac_conflict_free": float(conflict_free.sum() / n),
+            "los_events": float(self.los_events[b]),
+            "los_time": float(self.los_time[b][pres].sum()),
+            "extra_path": float(np.nanmean(extra)) if np.isfinite(extra).any() else float("nan"),
+            "delay_s": float(np.nanmean(delay)) if np.isfinite(delay).any() else float("nan"),
+            "instructions": float(self.instructions[b][pres].mean()),
+            "changes": float(self.changes[b][pres].mean()),
+            "overrides": float(self.overrides[b][pres].mean()),
+        }
 
 
 # ---------------------------------------------------------------------------------------------- PettingZoo
-def parallel_env(n_aircraft: int = 5, max_aircraft: int | None = None, shield: bool = False, seed: int | None = None,
-                 **kwargs: Any) -> Any:
+def parallel_env(
+    n_aircraft: int = 5,
+    max_aircraft: int | None = None,
+    shield: bool = False,
+    seed: int | None = None,
+    **kwargs: Any,
+) -> Any:
     """The airspace as a PettingZoo ``ParallelEnv`` (one agent per aircraft; finished aircraft leave ``agents``).
 
     Observations are dicts ``{"own": (8,), "nbr": (K, 11), "nbr_mask": (K,), "action_mask": (8,)}`` with the K
@@ -308,4 +429,6 @@ def parallel_env(n_aircraft: int = 5, max_aircraft: int | None = None, shield: b
     requires("pettingzoo", extra="rl", purpose="the PettingZoo airspace")
     from .pz import AirspaceParallelEnv
 
-    return AirspaceParallelEnv(n_aircraft=n_aircraft, max_aircraft=max_aircraft, shield=shield, seed=seed, **kwargs)
+    return AirspaceParallelEnv(
+        n_aircraft=n_aircraft, max_aircraft=max_aircraft, shield=shield, seed=seed, **kwargs
+    )

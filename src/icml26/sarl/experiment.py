@@ -1,31 +1,36 @@
-"""Reproduction: SARL against a fixed-input MLP baseline and ablations, with and without the safety shield.
+"""Reproduction: SARL against the shielded MLP-kNN baseline, the rule-based shielded resolver and its own ablations
+on a traffic problem where the shield alone is not enough (issue #27).
 
-**Training** (equal agent-sample budgets per method, never equal wall-clock): shared-parameter MAPPO on crossing
-scenarios with a mix of 4-8 aircraft (R = 30 NM). Methods: ``sarl`` (PERG + SC-MoE, the Kinematic Safety Shield as a
-training mask and at inference), ``sarl_no_shield`` (trained without the shield), ``mlp_knn`` (MLP over the 4
-nearest intruders, the SectorCR-style fixed input), and in the full preset ``sarl_no_moe`` (PERG + MLP head, shield).
-**Evaluation** (greedy actions, fresh seeded scenarios): at the training scale (N = 5, R = 30 NM) and at N = 20
-density-matched (R = 60 NM, suffix ``_n20``; the full preset adds N = 10, ``_n10``). Every learned method without
-the shield is also shown with the shield at inference only (``*_kss``), because the shield alone lifts any policy.
-References: ``fly_straight`` and ``greedy_kss`` (direct-to when off track, else maintain, with the shield).
+**World** (``streams``, chosen by measuring the references before any policy was trained; README, Deviations):
+a sector of radius 40 NM with four traffic flows, two merging onto one exit fix and two crossing at angles that
+vary per scenario, aircraft queued in trail at 10-16 NM with speeds 380-460 kt (followers catch up), speeds limited
+to 300-480 kt; every instruction costs reward, and efficiency (extra path, delay) is measured next to safety.
+**Training scale** (stated before the run): mixed 16, 20 and 24 aircraft; evaluation at N = 20 (no suffix) and,
+for generalisation, at fewer and more aircraft than trained in the same sector (N = 10 and 30; suffix ``_n10``,
+``_n30``).
 
-**Metrics** per episode: ``success`` (no LoS and every aircraft reached its exit), ``ac_conflict_free`` (share of
-aircraft never in LoS), ``los_per_episode``, ``extra_path`` (flown / straight distance to the capture circle - 1),
-``instructions_per_aircraft`` (non-maintain clearances), ``action_changes_per_aircraft``, ``overrides_per_aircraft``
-(shield).
+**Arms** (equal agent-sample budgets, never equal wall-clock; shared-parameter MAPPO): ``sarl`` (PERG + SC-MoE,
+the Kinematic Safety Shield as a training mask and at inference), ``sarl_no_moe`` (PERG + MLP head, shield),
+``mlp_knn_kss`` (MLP over the 4 nearest intruders, trained and evaluated with the same shield: like for like),
+``sarl_no_shield`` (trained without the shield; evaluated without and, as ``sarl_no_shield_kss``, with it).
+References: ``fly_straight`` (no instruction: the efficiency floor) and ``greedy_kss`` (direct-to when off track,
+else maintain, with the shield: the trivial shielded controller).
 
-**Units**: evaluation episode i of a seed is the scenario drawn from the episode seed ``(50000 + seed [+ N], i)``
-for every arm (``mappo.evaluate_episodes``), so episodes pair by index across arms; every metric but
-``extra_path`` is recorded per episode (units ``episodes`` at N = 5, ``episodes_n20``, ``episodes_n10``) and the
-checks pool them over seeds (falling back to the seed means when the trained policies differ between seeds beyond
-the episode noise).
+**Metrics** per episode: ``success`` (no LoS and every aircraft reached its exit), ``ac_conflict_free``,
+``los_per_episode``, ``instructions_per_aircraft``, ``action_changes_per_aircraft``, ``overrides_per_aircraft``;
+per seed (NaN-aware means over arrived aircraft): ``extra_path``, ``delay_s``.
+
+**Units**: evaluation episode i of a seed is the scenario drawn from ``(50000 + seed + N, i)`` for every arm, so
+episodes pair by index across arms; the checks pool them over seeds (units ``episodes`` at N = 20,
+``episodes_n10`` ...).
 
 Example:
     >>> import dataclasses
     >>> from icml26.sarl.experiment import PRESETS, run
-    >>> cfg = dataclasses.replace(PRESETS["smoke"], budget=200, eval_episodes=2, eval_episodes_n20=1)
+    >>> cfg = dataclasses.replace(PRESETS["smoke"], budget=200, eval_episodes=2, eval_episodes_scales=1,
+    ...                           train_sizes=(4, 6), eval_n=6, scales=(8,), radius_nm=30.0)  # a small world
     >>> sorted(run(cfg).metrics)[:3]
-    ['fly_straight', 'greedy_kss', 'mlp_knn']
+    ['fly_straight', 'greedy_kss', 'mlp_knn_kss']
 """
 
 from __future__ import annotations
@@ -51,54 +56,70 @@ class Config:
 
     seed: int = 0
     """seed of the policies, the training scenarios and the sampling"""
-    budget: int = 40_000
+    budget: int = 30_000
     """agent-samples per trained method"""
-    n_envs: int = 32
+    n_envs: int = 8
     """scenarios per rollout"""
     rollout: int = 32
     """decisions per rollout"""
     lr: float = 1e-3
     """Adam learning rate (every method)"""
-    train_sizes: tuple[int, ...] = (4, 5, 6, 7, 8)
+    train_sizes: tuple[int, ...] = (16, 20, 24)
     """aircraft per training scenario (mixed)"""
-    eval_episodes: int = 32
+    eval_n: int = 20
+    """the evaluation scale reported without suffix (the middle of the training mix)"""
+    eval_episodes: int = 24
     """test episodes at the training scale"""
-    eval_episodes_n20: int = 16
-    """test episodes at N = 20 (and N = 10)"""
-    scales: tuple[int, ...] = (20,)
-    """extra test scales, density-matched"""
-    no_moe: bool = False
-    """also train the PERG + MLP-head ablation"""
+    eval_episodes_scales: int = 12
+    """test episodes at every generalisation scale"""
+    scales: tuple[int, ...] = (10, 30)
+    """generalisation scales (same sector)"""
+    radius_nm: float = 40.0
+    """sector radius"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(budget=2_000, n_envs=8, rollout=16, eval_episodes=8, eval_episodes_n20=4),
-    "quick": Config(),
-    "full": Config(budget=150_000, eval_episodes=128, eval_episodes_n20=64, scales=(10, 20), no_moe=True),
+    "smoke": Config(budget=1_500, n_envs=4, rollout=8, eval_episodes=4, eval_episodes_scales=2, scales=(30,)),
+    "quick": Config(budget=5_000, rollout=16, eval_episodes=16, eval_episodes_scales=6),
+    "full": Config(budget=12_000, eval_episodes=32, eval_episodes_scales=12),
 }
 
 
-def _core(n: int | tuple[int, ...], seed: int, envs: int) -> Callable[[], AirspaceCore]:
-    size = n if isinstance(n, int) else max(n)
-    radius = 30.0 * np.sqrt(max(size, 5) / 5.0) if isinstance(n, int) else 30.0
-    steps = int(80 * radius / 30.0)
+def max_steps(n: int, radius_nm: float) -> int:
+    """Decisions per episode: 1.5 x the longest straight path (2 R plus the trail, 4 NM per aircraft) at 380 kt."""
+    return int(1.5 * (2 * radius_nm + 4 * n + 8) / (380.0 * 15.0 / 3600.0))
+
+
+def _core(n: int | tuple[int, ...], seed: int, envs: int, radius_nm: float) -> Callable[[], AirspaceCore]:
     sizes = n if isinstance(n, int) else list(n)
-    return lambda: AirspaceCore(n_envs=envs, n_aircraft=sizes, radius_nm=radius, max_steps=steps,
-                                scenario="crossing", seed=seed)
+    steps = max_steps(n if isinstance(n, int) else max(n), radius_nm)
+    return lambda: AirspaceCore(
+        n_envs=envs, n_aircraft=sizes, radius_nm=radius_nm, max_steps=steps, scenario="streams", seed=seed
+    )
 
 
-_NAMES = {"los_events": "los_per_episode", "instructions": "instructions_per_aircraft",
-          "changes": "action_changes_per_aircraft", "overrides": "overrides_per_aircraft"}
-#: per-episode metrics recorded as units (finite in every episode); extra_path (NaN when no aircraft arrived)
-#: stays a per-seed mean over the episodes where it exists
+_NAMES = {
+    "los_events": "los_per_episode",
+    "instructions": "instructions_per_aircraft",
+    "changes": "action_changes_per_aircraft",
+    "overrides": "overrides_per_aircraft",
+}
+#: per-episode metrics recorded as units (finite in every episode); extra_path and delay_s (NaN in an episode where
+#: no aircraft arrived) stay per-seed means over the episodes where they exist
 UNIT_METRICS = ("success", "ac_conflict_free", "los_events", "instructions", "changes", "overrides")
+SEED_METRICS = ("extra_path", "delay_s")
 
 
-def episode_metrics(eps: list[dict[str, float]], suffix: str) -> tuple[dict[str, float], dict[str, list[float]]]:
+def episode_metrics(
+    eps: list[dict[str, float]], suffix: str
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     """``(seed-level metrics, per-episode values)`` of one arm at one scale, names with ``suffix``."""
     units = {_NAMES.get(k, k) + suffix: [float(e[k]) for e in eps] for k in UNIT_METRICS}
-    extra = [e["extra_path"] for e in eps if np.isfinite(e["extra_path"])]
-    metrics = {"extra_path" + suffix: float(np.mean(extra))} if extra else {}
+    metrics = {}
+    for k in SEED_METRICS:
+        vals = [e[k] for e in eps if np.isfinite(e[k])]
+        # NaN when no aircraft of this arm arrived in any episode (every seed then has the same metric names)
+        metrics[k + suffix] = float(np.mean(vals)) if vals else float("nan")
     return metrics, units
 
 
@@ -108,20 +129,30 @@ def run(cfg: Config) -> SeedRun:
         raise ValueError("budget must be >= 1 and train_sizes non-empty")
     torch.manual_seed(cfg.seed)
     ppo = PPOConfig(n_envs=cfg.n_envs, rollout=cfg.rollout, lr=cfg.lr)
-    train_core = _core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs)
+    train_core = _core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm)
     methods: dict[str, tuple[Any, str, bool]] = {
         "sarl": (SARLPolicy(), "graph", True),
+        "sarl_no_moe": (SARLPolicy(moe=False), "graph", True),
+        "mlp_knn_kss": (KNNMLPPolicy(), "knn", True),
         "sarl_no_shield": (SARLPolicy(), "graph", False),
-        "mlp_knn": (KNNMLPPolicy(), "knn", False)}
-    if cfg.no_moe:
-        methods["sarl_no_moe"] = (SARLPolicy(moe=False), "graph", True)
+    }
     curves = {}
     for name, (policy, kind, shielded) in methods.items():
-        hist = train(policy, kind, train_core, ppo, total_agent_steps=cfg.budget, seed=cfg.seed,
-                     shield_train=shielded, desc=f"sarl seed {cfg.seed} {name}")
-        curves[name] = [(h["agent_steps"], h["success"]) for h in hist]
+        hist = train(
+            policy,
+            kind,
+            train_core,
+            ppo,
+            total_agent_steps=cfg.budget,
+            seed=cfg.seed,
+            shield_train=shielded,
+            desc=f"sarl seed {cfg.seed} {name}",
+        )
+        curves[name] = [(h["agent_steps"], h["reward"]) for h in hist]
     arms: dict[str, tuple[Callable[[AirspaceCore], np.ndarray], bool]] = {
-        "fly_straight": (fly_straight, False), "greedy_kss": (greedy_direct, True)}
+        "fly_straight": (fly_straight, False),
+        "greedy_kss": (greedy_direct, True),
+    }
     for name, (policy, kind, shielded) in methods.items():
         act = greedy_policy(policy, kind, shield_mask=shielded)
         arms[name] = (act, shielded)
@@ -130,34 +161,48 @@ def run(cfg: Config) -> SeedRun:
     metrics: dict[str, dict[str, float]] = {}
     units: dict[str, dict[str, dict[str, list[float]]]] = {}
     eval_seed = 50_000 + cfg.seed
-    scales = [(5, cfg.eval_episodes, "")] + [(n, cfg.eval_episodes_n20, f"_n{n}") for n in cfg.scales]
+    scales = [(cfg.eval_n, cfg.eval_episodes, "")] + [
+        (n, cfg.eval_episodes_scales, f"_n{n}") for n in cfg.scales
+    ]
     for name, (act, shield_eval) in arms.items():
         metrics[name] = {}
         for n, episodes, suffix in scales:
             # the same seeded scenarios for every arm: episodes pair by index across arms
-            seeds = [(eval_seed + (n if suffix else 0), i) for i in range(episodes)]
-            eps = evaluate_episodes(act, _core(n, eval_seed, min(episodes, 32)), episode_seeds=seeds,
-                                    shield_eval=shield_eval)
+            seeds = [(eval_seed + n, i) for i in range(episodes)]
+            eps = evaluate_episodes(
+                act,
+                _core(n, eval_seed, min(episodes, 16), cfg.radius_nm),
+                episode_seeds=seeds,
+                shield_eval=shield_eval,
+            )
             m, u = episode_metrics(eps, suffix)
             metrics[name].update(m)
             units.setdefault("episodes" + suffix, {})[name] = u
-    return SeedRun(metrics, series={"curves": curves}, units=units)
+    return SeedRun(metrics, series={"curves": curves, "scales": [n for n, _, _ in scales]}, units=units)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Training success against agent-samples (first seed) and conflict-free share per arm and scale."""
-    fig, (ax, bx) = new_figure(1, 2, figsize=(10, 3.6))
+    """Rollout reward against agent-samples (first seed); success and conflict-free share against N per arm
+    (generalisation across aircraft counts)."""
+    fig, (ax, bx, cx) = new_figure(1, 3, figsize=(14, 3.8))
     for name, curve in runs[0].series["curves"].items():
         if curve:
             ax.plot([c[0] for c in curve], [c[1] for c in curve], label=name)
     ax.set_xlabel("agent-samples")
-    ax.set_ylabel("training success (recent episodes)")
+    ax.set_ylabel("rollout reward per agent-decision")
     ax.legend(fontsize=7)
-    arms = list(result["arms"])
-    for j, suffix in enumerate(["", "_n20"]):
-        ys = [result["arms"][a].get(f"ac_conflict_free{suffix}", {}).get("mean", np.nan) for a in arms]
-        bx.bar(np.arange(len(arms)) + 0.4 * j, ys, width=0.4, label="N=5" if not suffix else "N=20")
-    bx.set_xticks(np.arange(len(arms)) + 0.2, arms, rotation=35, ha="right", fontsize=7)
-    bx.set_ylabel("aircraft conflict-free")
-    bx.legend(fontsize=7)
+    scales = runs[0].series.get("scales", [20])
+    eval_n = scales[0]
+    order = sorted(scales)
+    for name in result["arms"]:
+        for axis, metric in ((bx, "success"), (cx, "ac_conflict_free")):
+            ys = [
+                result["arms"][name].get(metric + ("" if n == eval_n else f"_n{n}"), {}).get("mean", np.nan)
+                for n in order
+            ]
+            axis.plot(order, ys, marker="o", label=name)
+    for axis, label in ((bx, "episode success"), (cx, "aircraft conflict-free")):
+        axis.set_xlabel(f"aircraft (trained on mixed N around {eval_n})")
+        axis.set_ylabel(label)
+    cx.legend(fontsize=7)
     return [save_figure(fig, out_dir / f"{result['mode']}_sarl.png")]

@@ -51,22 +51,67 @@ def observe(core: AirspaceCore, kind: str) -> dict[str, torch.Tensor]:
         return {"knn": torch.from_numpy(core.knn_features())}
     geom = core.pairwise()
     e, mask = core.edge_features(geom)
-    return {"x": torch.from_numpy(core.node_features()), "e": torch.from_numpy(e), "mask": torch.from_numpy(mask),
-            "alive": torch.from_numpy(core.alive.copy()), "ctx": torch.from_numpy(core.context(geom))}
+    return {
+        "x": torch.from_numpy(core.node_features()),
+        "e": torch.from_numpy(e),
+        "mask": torch.from_numpy(mask),
+        "alive": torch.from_numpy(core.alive.copy()),
+        "ctx": torch.from_numpy(core.context(geom)),
+    }
 
 
-def forward(policy: Any, kind: str, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward(
+    policy: Any, kind: str, obs: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if kind == "knn":
         return policy(obs["knn"])
     return policy(obs["x"], obs["e"], obs["mask"], obs["alive"], obs["ctx"])
+
+
+def gae_advantages(
+    rew: torch.Tensor,
+    val: torch.Tensor,
+    done: torch.Tensor,
+    alive: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
+    """Generalised advantage estimates per slot, time first (T, ...).
+
+    ``A_t = delta_t + gamma lam (1 - d_t) A_{t+1}``, ``delta_t = r_t + gamma (1 - d_t) V_{t+1} - V_t`` (Schulman et
+    al. 2016, eq. 16, with episode ends ``d_t``), ``V_T`` = ``last_value``; a slot that is empty at t gets 0 and
+    passes nothing back, so an estimate never crosses a slot reused after a reset. Tested against TorchRL's
+    ``generalized_advantage_estimate``.
+    """
+    adv = torch.zeros_like(rew)
+    gae = torch.zeros_like(rew[0])
+    for t in reversed(range(rew.shape[0])):
+        next_val = last_value if t == rew.shape[0] - 1 else val[t + 1]
+        nonterminal = (~done[t]).float()
+        # delta_t = r_t + gamma V(s_{t+1}) (1 - d_t) - V(s_t);  A_t = delta_t + gamma lam (1 - d_t) A_{t+1}
+        delta = rew[t] + gamma * next_val * nonterminal - val[t]
+        gae = delta + gamma * lam * nonterminal * gae
+        gae = gae * alive[t].float()
+        adv[t] = gae
+    return adv
 
 
 def _masked_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~action_mask, -1e9)
 
 
-def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PPOConfig, *, total_agent_steps: int,
-          seed: int = 0, shield_train: bool = False, desc: str | None = None) -> list[dict[str, float]]:
+def train(
+    policy: Any,
+    kind: str,
+    make_core: Callable[[], AirspaceCore],
+    cfg: PPOConfig,
+    *,
+    total_agent_steps: int,
+    seed: int = 0,
+    shield_train: bool = False,
+    desc: str | None = None,
+) -> list[dict[str, float]]:
     """Train ``policy`` for ``total_agent_steps`` agent-samples; returns per-iteration statistics."""
     if kind not in ("graph", "knn"):
         raise ValueError(f"kind must be 'graph' or 'knn', got {kind!r}")
@@ -79,13 +124,18 @@ def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PP
     steps = 0
     bar = progress(total=total_agent_steps, desc=desc) if desc else None
     while steps < total_agent_steps:
-        buf: dict[str, list[Any]] = {k: [] for k in ("obs", "amask", "act", "logp", "val", "rew", "done", "alive")}
+        buf: dict[str, list[Any]] = {
+            k: [] for k in ("obs", "amask", "act", "logp", "val", "rew", "done", "alive")
+        }
         policy.eval()
         with torch.no_grad():
             for _ in range(cfg.rollout):
                 obs = observe(core, kind)
-                amask = torch.from_numpy(shield.safe_mask()) if shield is not None else torch.ones(
-                    core.B, core.N, N_ACTIONS, dtype=torch.bool)
+                amask = (
+                    torch.from_numpy(shield.safe_mask())
+                    if shield is not None
+                    else torch.ones(core.B, core.N, N_ACTIONS, dtype=torch.bool)
+                )
                 logits, value, _ = forward(policy, kind, obs)
                 dist = torch.distributions.Categorical(logits=_masked_logits(logits, amask))
                 u = torch.rand(core.B, core.N, 1, generator=gen)
@@ -107,15 +157,7 @@ def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PP
             bar.update(n_new)
         # GAE per slot
         rew, val, done, alive = (torch.stack(buf[k]) for k in ("rew", "val", "done", "alive"))
-        adv = torch.zeros_like(rew)
-        gae = torch.zeros(core.B, core.N)
-        for t in reversed(range(cfg.rollout)):
-            next_val = last_value if t == cfg.rollout - 1 else val[t + 1]
-            nonterminal = (~done[t]).float()
-            delta = rew[t] + cfg.gamma * next_val * nonterminal - val[t]
-            gae = delta + cfg.gamma * cfg.lam * nonterminal * gae
-            gae = gae * alive[t].float()
-            adv[t] = gae
+        adv = gae_advantages(rew, val, done, alive, last_value, cfg.gamma, cfg.lam)
         ret = adv + val
         live = alive.float()
         a_mean = (adv * live).sum() / live.sum().clamp(min=1)
@@ -130,8 +172,10 @@ def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PP
             for chunk in order.chunk(cfg.minibatches):
                 ts = torch.tensor([scenes[i][0] for i in chunk])
                 bs = torch.tensor([scenes[i][1] for i in chunk])
-                obs = {k: torch.stack([buf["obs"][int(t)][k][int(b)] for t, b in zip(ts, bs, strict=True)])
-                       for k in buf["obs"][0]}
+                obs = {
+                    k: torch.stack([buf["obs"][int(t)][k][int(b)] for t, b in zip(ts, bs, strict=True)])
+                    for k in buf["obs"][0]
+                }
                 logits, value, aux = forward(policy, kind, obs)
                 amask = torch.stack([buf["amask"][int(t)][int(b)] for t, b in zip(ts, bs, strict=True)])
                 dist = torch.distributions.Categorical(logits=_masked_logits(logits, amask))
@@ -155,15 +199,27 @@ def train(policy: Any, kind: str, make_core: Callable[[], AirspaceCore], cfg: PP
                 for k, v in (("policy", pol_loss), ("value", v_loss), ("entropy", ent), ("aux", aux)):
                     stats[k].append(float(v.detach()))
         done_eps = core.finished[-64:]
-        history.append({"agent_steps": float(steps), **{k: float(np.mean(v)) for k, v in stats.items()},
-                        "success": float(np.mean([e["success"] for e in done_eps])) if done_eps else float("nan")})
+        history.append(
+            {
+                "agent_steps": float(steps),
+                **{k: float(np.mean(v)) for k, v in stats.items()},
+                "success": float(np.mean([e["success"] for e in done_eps])) if done_eps else float("nan"),
+                # mean reward per live agent-decision of this iteration's rollout
+                "reward": float((rew * live).sum() / live.sum().clamp(min=1)),
+            }
+        )
     if bar is not None:
         bar.close()
     return history
 
 
-def evaluate_episodes(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: Callable[[], AirspaceCore], *,
-                      episode_seeds: Sequence[Any], shield_eval: bool) -> list[dict[str, float]]:
+def evaluate_episodes(
+    act_fn: Callable[[AirspaceCore], np.ndarray],
+    make_core: Callable[[], AirspaceCore],
+    *,
+    episode_seeds: Sequence[Any],
+    shield_eval: bool,
+) -> list[dict[str, float]]:
     """Run ``act_fn`` (core -> (B, N) actions) on one seeded scenario per entry of ``episode_seeds``; returns
     each episode's metrics (``AirspaceCore.episode_metrics``) in the order of ``episode_seeds``.
 
@@ -177,10 +233,10 @@ def evaluate_episodes(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: C
     seeds = list(episode_seeds)
     out: list[dict[str, float]] = []
     for start in range(0, len(seeds), core.B):
-        batch = seeds[start:start + core.B]
+        batch = seeds[start : start + core.B]
         k = len(batch)
         core.reset(np.ones(core.B, bool), seeds=batch + [batch[-1]] * (core.B - k))
-        core.alive[k:] = False                                     # padding envs of a short last batch
+        core.alive[k:] = False  # padding envs of a short last batch
         done = np.arange(core.B) >= k
         metrics: list[dict[str, float] | None] = [None] * k
         while not done.all():
@@ -192,25 +248,35 @@ def evaluate_episodes(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: C
             core.finished.clear()
             for b in np.nonzero(env_done & ~done)[0]:
                 metrics[b] = core.episode_metrics(int(b))
-                core.alive[b] = False                              # finished: it no longer flies or interacts
+                core.alive[b] = False  # finished: it no longer flies or interacts
             done |= env_done
         out.extend(m for m in metrics if m is not None)
     return out
 
 
-def evaluate(act_fn: Callable[[AirspaceCore], np.ndarray], make_core: Callable[[], AirspaceCore], *, episodes: int,
-             shield_eval: bool, episode_seed: int = 0) -> dict[str, float]:
+def evaluate(
+    act_fn: Callable[[AirspaceCore], np.ndarray],
+    make_core: Callable[[], AirspaceCore],
+    *,
+    episodes: int,
+    shield_eval: bool,
+    episode_seed: int = 0,
+) -> dict[str, float]:
     """Mean metrics of ``act_fn`` over ``episodes`` seeded scenarios (seeds ``(episode_seed, i)``; NaN-aware)."""
-    eps = evaluate_episodes(act_fn, make_core, episode_seeds=[(episode_seed, i) for i in range(episodes)],
-                            shield_eval=shield_eval)
-    out = {k: float(np.nanmean([e[k] for e in eps])) if any(np.isfinite(e[k]) for e in eps) else float("nan")
-           for k in eps[0]}
+    eps = evaluate_episodes(
+        act_fn, make_core, episode_seeds=[(episode_seed, i) for i in range(episodes)], shield_eval=shield_eval
+    )
+    out = {
+        k: float(np.nanmean([e[k] for e in eps])) if any(np.isfinite(e[k]) for e in eps) else float("nan")
+        for k in eps[0]
+    }
     out.pop("n", None)
     return out
 
 
 def greedy_policy(policy: Any, kind: str, shield_mask: bool = False) -> Callable[[AirspaceCore], np.ndarray]:
     """Argmax actions of a trained policy (optionally under the shield's training mask)."""
+
     def act(core: AirspaceCore) -> np.ndarray:
         with torch.no_grad():
             policy.eval()
@@ -218,6 +284,7 @@ def greedy_policy(policy: Any, kind: str, shield_mask: bool = False) -> Callable
             if shield_mask:
                 logits = _masked_logits(logits, torch.from_numpy(KinematicSafetyShield(core).safe_mask()))
             return logits.argmax(-1).numpy()
+
     return act
 
 

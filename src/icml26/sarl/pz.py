@@ -19,23 +19,44 @@ class AirspaceParallelEnv(ParallelEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"name": "icml26_airspace_v0", "render_modes": []}
 
-    def __init__(self, n_aircraft: int = 5, max_aircraft: int | None = None, shield: bool = False,
-                 seed: int | None = None, render_mode: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        n_aircraft: int = 5,
+        max_aircraft: int | None = None,
+        shield: bool = False,
+        seed: int | None = None,
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ):
         if render_mode is not None:
             raise ValueError("render_mode: rendering is not supported")
         counts = [n_aircraft] if isinstance(n_aircraft, (int, np.integer)) else n_aircraft
-        if (isinstance(n_aircraft, bool) or not isinstance(counts, (list, tuple, range)) or not counts
-                or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 1 for c in counts)):
-            raise ValueError(f"n_aircraft must be a positive int (or a list of them for mixed traffic), got "
-                             f"{n_aircraft!r}")
+        if (
+            isinstance(n_aircraft, bool)
+            or not isinstance(counts, (list, tuple, range))
+            or not counts
+            or not all(
+                isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 1 for c in counts
+            )
+        ):
+            raise ValueError(
+                f"n_aircraft must be a positive int (or a list of them for mixed traffic), got {n_aircraft!r}"
+            )
         largest = int(max(counts))
-        if max_aircraft is not None and (isinstance(max_aircraft, bool) or not isinstance(max_aircraft, (int, np.integer))
-                                         or max_aircraft < largest):
+        if max_aircraft is not None and (
+            isinstance(max_aircraft, bool)
+            or not isinstance(max_aircraft, (int, np.integer))
+            or max_aircraft < largest
+        ):
             raise ValueError(f"max_aircraft must be an int >= n_aircraft ({largest}), got {max_aircraft!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+        ):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         if not isinstance(shield, bool):
             raise TypeError(f"shield must be True or False, got {shield!r}")
+        # the core's own checks name a bad airspace argument (radius_nm, max_steps, scenario, ...) now, not at reset
+        AirspaceCore(n_envs=1, n_aircraft=n_aircraft, seed=0, auto_reset=False, **kwargs)
         self.max_aircraft = int(max_aircraft) if max_aircraft is not None else largest
         self._kwargs = {"n_aircraft": n_aircraft, **kwargs}
         self.shield_on = shield
@@ -43,11 +64,14 @@ class AirspaceParallelEnv(ParallelEnv):
         self.possible_agents = [f"aircraft_{i}" for i in range(self.max_aircraft)]
         self.render_mode = None
         k = self.max_aircraft - 1
-        self._obs_space = spaces.Dict({
-            "own": spaces.Box(-np.inf, np.inf, (8,), np.float32),
-            "nbr": spaces.Box(-np.inf, np.inf, (k, 11), np.float32),
-            "nbr_mask": spaces.Box(0, 1, (k,), np.int8),
-            "action_mask": spaces.Box(0, 1, (N_ACTIONS,), np.int8)})
+        self._obs_space = spaces.Dict(
+            {
+                "own": spaces.Box(-np.inf, np.inf, (8,), np.float32),
+                "nbr": spaces.Box(-np.inf, np.inf, (k, 11), np.float32),
+                "nbr_mask": spaces.Box(0, 1, (k,), np.int8),
+                "action_mask": spaces.Box(0, 1, (N_ACTIONS,), np.int8),
+            }
+        )
         self._act_space = spaces.Discrete(N_ACTIONS)
         self.core: AirspaceCore | None = None
         self.agents: list[str] = []
@@ -63,7 +87,11 @@ class AirspaceParallelEnv(ParallelEnv):
         x = core.node_features()[0]
         e, mask = core.edge_features()
         e, mask = e[0], mask[0]
-        amask = KinematicSafetyShield(core).safe_mask()[0] if self.shield_on else np.ones((core.N, N_ACTIONS), bool)
+        amask = (
+            KinematicSafetyShield(core).safe_mask()[0]
+            if self.shield_on
+            else np.ones((core.N, N_ACTIONS), bool)
+        )
         k = self.max_aircraft - 1
         out = {}
         for a in self.agents:
@@ -97,16 +125,16 @@ class AirspaceParallelEnv(ParallelEnv):
                 raise ValueError(f"{agent} is not an active agent")
             if not self._act_space.contains(int(act)):
                 raise ValueError(f"invalid action {act!r} for {agent}")
-            a[0, int(agent.rsplit('_', 1)[1])] = int(act)
+            a[0, int(agent.rsplit("_", 1)[1])] = int(act)
         overridden = None
         if self.shield_on:
             a, overridden = KinematicSafetyShield(core).filter(a)
         r, _, env_done, _, info = core.step(a, overridden)
         acting = list(self.agents)
-        rewards = {ag: float(r[0, int(ag.rsplit('_', 1)[1])]) for ag in acting}
-        terminations = {ag: bool(core.arrived[0, int(ag.rsplit('_', 1)[1])]) for ag in acting}
+        rewards = {ag: float(r[0, int(ag.rsplit("_", 1)[1])]) for ag in acting}
+        terminations = {ag: bool(core.arrived[0, int(ag.rsplit("_", 1)[1])]) for ag in acting}
         truncations = {ag: bool(env_done[0]) and not terminations[ag] for ag in acting}
-        infos = {ag: {"in_los": bool(info["in_los"][0, int(ag.rsplit('_', 1)[1])])} for ag in acting}
+        infos = {ag: {"in_los": bool(info["in_los"][0, int(ag.rsplit("_", 1)[1])])} for ag in acting}
         self.agents = [ag for ag in acting if not (terminations[ag] or truncations[ag])]
         obs_all = self._observations_for(acting)
         return obs_all, rewards, terminations, truncations, infos

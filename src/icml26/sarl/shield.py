@@ -32,8 +32,15 @@ class KinematicSafetyShield:
     """See the module docstring. ``mode="severity"`` (safe = within eps of the lowest severity) or ``"count"``
     (safe = the fewest violations)."""
 
-    def __init__(self, core: AirspaceCore, *, lookahead_s: float = 180.0, margin_nm: float = 1.0,
-                 mode: str = "severity", eps: float = 1e-6):
+    def __init__(
+        self,
+        core: AirspaceCore,
+        *,
+        lookahead_s: float = 180.0,
+        margin_nm: float = 1.0,
+        mode: str = "severity",
+        eps: float = 1e-6,
+    ):
         if mode not in ("severity", "count"):
             raise ValueError(f"mode must be 'severity' or 'count', got {mode!r}")
         self.core, self.H, self.margin, self.mode, self.eps = core, lookahead_s, margin_nm, mode, eps
@@ -42,13 +49,13 @@ class KinematicSafetyShield:
         """(B, N, A) severity and violation count of every candidate instruction."""
         c = self.core
         acts = np.broadcast_to(np.arange(N_ACTIONS), (c.B, c.N, N_ACTIONS))
-        hdg, spd = c.command_after(acts)                              # (B, N, A)
+        hdg, spd = c.command_after(acts)  # (B, N, A)
         h = np.radians(hdg)
-        v_i = np.stack([spd * np.sin(h), spd * np.cos(h)], -1)         # (B, N, A, 2)
-        v_j = c.velocities()                                           # (B, N, 2)
+        v_i = np.stack([spd * np.sin(h), spd * np.cos(h)], -1)  # (B, N, A, 2)
+        v_j = c.velocities()  # (B, N, 2)
         p = np.stack([c.x, c.y], -1)
-        rel_p = (p[:, None, :, :] - p[:, :, None, :])[:, :, None]      # (B, i, 1, j, 2)
-        rel_v = v_j[:, None, None, :, :] - v_i[:, :, :, None, :]       # (B, i, A, j, 2)
+        rel_p = (p[:, None, :, :] - p[:, :, None, :])[:, :, None]  # (B, i, 1, j, 2)
+        rel_v = v_j[:, None, None, :, :] - v_i[:, :, :, None, :]  # (B, i, A, j, 2)
         t, d = cpa(np.broadcast_to(rel_p, rel_v.shape), rel_v, self.H)
         both = c.alive[:, :, None] & c.alive[:, None, :] & ~np.eye(c.N, dtype=bool)[None]
         viol = (d < c.S + self.margin) & both[:, :, None, :]
