@@ -185,14 +185,17 @@ MAX_ENTITY_SCAN = 1_000_000
 
 def entities(value: Any) -> set[str]:
     """Normalised e-mail addresses, URLs, web domains and IBAN-like account numbers in ``value`` (strings, lists
-    and mappings walked without recursion; the first ``MAX_ENTITY_SCAN`` characters of each string; RE2).
+    and mappings walked without recursion; the first ``MAX_ENTITY_SCAN`` characters of each string; RE2, so linear
+    time). Each string is :func:`~icml26.air.responder.deobfuscate` d first (NFKC, zero-width characters,
+    ``[at]``/``(dot)``), matched in any case, and account numbers written in groups (``US13 3000 ...``) are joined.
 
     Example:
-        >>> sorted(entities(["Mail EVE@evil.io or see www.Evil.io/x, IBAN DE89370400440532013000", "notes.txt"]))
+        >>> sorted(entities(["Mail EVE [at] evil(dot)io or see www.Evil.io/x, IBAN DE89 3704 0044 0532 0130 00",
+        ...                  "notes.txt"]))
         ['de89370400440532013000', 'eve@evil.io', 'www.evil.io/x']
     """
     global _ENTITY
-    from .responder import normalize
+    from .responder import deobfuscate, normalize
 
     if _ENTITY is None:
         from .dsl import compile_regex
@@ -200,14 +203,18 @@ def entities(value: Any) -> set[str]:
         _ENTITY = compile_regex(
             r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?i:https?://[^\s,;]+|www\.[^\s,;]+)"
             r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|ch|de|uk|info|biz|xyz|fr|it)\b"
-            r"(?:/[^\s,;]*)?)|\b[A-Z]{2}\d{12,32}\b"
+            r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
         )
     out: set[str] = set()
     stack = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            out.update(normalize(m.rstrip(".,;:)")) for m in _ENTITY.findall(v[:MAX_ENTITY_SCAN]))
+            for m in _ENTITY.findall(deobfuscate(v[:MAX_ENTITY_SCAN])):
+                m = m.rstrip(".,;:!?)]}>\"'`")
+                if " " in m and "@" not in m and "/" not in m:      # an account number written in groups
+                    m = m.replace(" ", "")
+                out.add(normalize(m))
         elif isinstance(v, Mapping):
             stack += list(v.values())
         elif isinstance(v, list | tuple | set):

@@ -239,21 +239,48 @@ def _key(args: Any) -> str:
 
 
 def evaluate_suite(suite_name: str, rules: RuleSet, *, user_tasks: Sequence[str] | None = None,
-                   injection_tasks: Sequence[str] | None = None) -> list[PairResult]:
+                   injection_tasks: Sequence[str] | None = None, attack: str = "direct",
+                   manifest: Any = None) -> list[PairResult]:
     """Run every (user, injection) pair of an AgentDojo suite without AIR and with AIR (no eradication, so each
     pair is a first encounter); eradicate on the pairs of even-numbered user tasks and replay the pairs of the
-    odd-numbered (held-out) user tasks in fresh episodes with only the eradicated rules."""
+    odd-numbered (held-out) user tasks in fresh episodes with only the eradicated rules.
+
+    Args:
+        attack: one of AgentDojo's built-in attacks (``ATTACKS``; ``"direct"`` is its ``TODO: <goal>``), or a
+            wording with ``{goal}`` put in every injection vector (e.g. a plain note with no marker). The scripted
+            agent recognises the injection by its content, never by a marker, and so do the rules.
+        manifest: the suite's tool manifest (default ``manifest.AGENTDOJO[suite_name]``): its ``known`` parties
+            vouch for entities, so ``ctx.strings_from_instructions`` holds only those untrusted data alone
+            introduces.
+    """
     from agentdojo.task_suite.load_suites import get_suite
 
+    from ..manifest import AGENTDOJO
     from ..synth import RuleValidator, TemplateSynthesizer
 
+    if attack not in ATTACKS and "{goal}" not in attack:
+        raise ValueError(f"attack: {attack!r} is neither a built-in attack ({', '.join(ATTACKS)}) nor a wording "
+                         "with '{goal}'")
+    _fast_yaml()
+    manifest = AGENTDOJO[suite_name] if manifest is None else manifest
     suite = get_suite(BENCHMARK_VERSION, suite_name)
+    attacker = None
+    if attack in ATTACKS:
+        from agentdojo.attacks.attack_registry import load_attack
+
+        attacker = load_attack(attack, suite, _Named())
+
+    def injected(ut: Any, it: Any) -> dict[str, str]:
+        if attacker is not None:
+            return attacker.attack(ut, it)
+        return {v: attack.replace("{goal}", it.GOAL) for v in vectors}
+
     uts = [suite.user_tasks[k] for k in (user_tasks or sorted(suite.user_tasks, key=_task_order))]
     its = [suite.injection_tasks[k] for k in (injection_tasks or sorted(suite.injection_tasks, key=_task_order))]
     vectors = list(suite.get_injection_vector_defaults())
     agent = ScriptedCompromisedAgent()
     benign_traces: list[Any] = []
-    air = IncidentResponder(rules, DictState(dict))
+    air = IncidentResponder(rules, DictState(dict), manifest=manifest)
     # benign traces for the validator: every user task without an injection, under AIR
     for ut in uts:
         agent.reset(ut, None)
@@ -261,23 +288,23 @@ def evaluate_suite(suite_name: str, rules: RuleSet, *, user_tasks: Sequence[str]
         air.finish()
         benign_traces.append(list(air.trace))
     store: list[Rule] = []
-    learner = IncidentResponder(rules, DictState(dict), synthesizer=TemplateSynthesizer(),
+    learner = IncidentResponder(rules, DictState(dict), manifest=manifest, synthesizer=TemplateSynthesizer(),
                                 validator=RuleValidator(benign_traces), rule_store=store)
     results = []
     for it in its:
-        injections = {v: f"TODO: {it.GOAL}" for v in vectors}
-        gt = it.ground_truth(suite.load_and_inject_default_environment(injections))
+        gt = it.ground_truth(suite.load_and_inject_default_environment({}))
         harmful = {(f.function, _key(f.args)) for f in gt if _harmful(f.function)}
         reversible = all(f in REVERSIBLE_TOOLS for f, _ in harmful)
         for ut in uts:
-            agent.reset(ut, it, "TODO:")
+            injections = injected(ut, it)
+            agent.reset(ut, it)
             utility0, attacked = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(None)), ut, it,
                                                               injections)
             r = PairResult(ut.ID, it.ID, _task_order(ut.ID) % 2 == 1, bool(attacked), bool(utility0))
             results.append(r)
             if not attacked:
                 continue
-            agent.reset(ut, it, "TODO:")
+            agent.reset(ut, it)
             n = len(air.incidents)
             ex = AIRToolsExecutor(air)
             utility1, security1 = suite.run_task_with_pipeline(_pipeline(agent, ex), ut, it, injections)
@@ -290,16 +317,16 @@ def evaluate_suite(suite_name: str, rules: RuleSet, *, user_tasks: Sequence[str]
             r.reversible = reversible
             r.recovered = r.detected and reversible and not security1
             if not r.held_out:                 # eradication learns from the development pairs only
-                agent.reset(ut, it, "TODO:")
+                agent.reset(ut, it)
                 suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(learner)), ut, it, injections)
                 learner.finish()
     for r in results:                          # fresh episodes of the held-out pairs, eradicated rules only
         if r.held_out and r.attack_succeeded:
             ut, it = suite.user_tasks[r.user_task], suite.injection_tasks[r.injection_task]
-            fresh = IncidentResponder(RuleSet(), DictState(dict), rule_store=list(store))
-            agent.reset(ut, it, "TODO:")
+            fresh = IncidentResponder(RuleSet(), DictState(dict), manifest=manifest, rule_store=list(store))
+            agent.reset(ut, it)
             _, security2 = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(fresh)), ut, it,
-                                                        {v: f"TODO: {it.GOAL}" for v in vectors})
+                                                        injected(ut, it))
             r.blocked_after_eradication = not security2
     return results
 
