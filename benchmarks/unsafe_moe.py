@@ -1,6 +1,7 @@
 """Unsafe MoE: the cost of route control, and batched F-SOUR candidates against the official one-at-a-time loop.
 
-On the reproduction's aligned tiny Mixtral (quick preset, cached), for one held-out harmful prompt + target:
+On the reproduction's aligned tiny Mixtral (quick preset, shallow world, cached), for one held-out harmful
+prompt (with the chat template) + target:
 
 1. a plain forward vs the same forward with a ``RouterController`` attached (no rules; and with a route forced
    on every prompt token of every layer), medians of interleaved rounds: the hook overhead;
@@ -21,7 +22,7 @@ import torch
 
 from icml26.common.bench import bench_row, median_ms, write_bench
 from icml26.unsafe_moe import RouterController
-from icml26.unsafe_moe.attack import _phi, encode, random_subsets, target_logprob
+from icml26.unsafe_moe.attack import _phi, chat_text, encode, random_subsets, target_logprob
 from icml26.unsafe_moe.experiment import EVAL_PREFIXES, HARMFUL, PRESETS, TARGET, aligned_model, prompts
 
 
@@ -32,12 +33,14 @@ def main() -> None:
     parser.add_argument("--out", default="results", help="results root (bench.json goes to OUT/unsafe_moe/)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tok = aligned_model(PRESETS["quick"], "mixtral", 0)
+    model, tok = aligned_model(PRESETS["quick"], "mixtral", 0, "shallow")
     prompt = prompts(EVAL_PREFIXES, HARMFUL)[0]
-    p_ids, t_ids = encode(tok, prompt), encode(tok, TARGET)
+    p_ids, t_ids = encode(tok, chat_text(tok, prompt, True)), encode(tok, TARGET)
     n = args.candidates
-    print(f"prompt {len(p_ids)} tokens + target {len(t_ids)}; {n} candidates; medians of {args.rounds} rounds; "
-          "one torch thread\n")
+    print(
+        f"prompt {len(p_ids)} tokens + target {len(t_ids)}; {n} candidates; medians of {args.rounds} rounds; "
+        "one torch thread\n"
+    )
 
     def forward() -> None:
         target_logprob(model, p_ids, t_ids)
@@ -74,17 +77,27 @@ def main() -> None:
     print(f"| forward, controller attached, no rules | {idle:.2f} | {idle / plain:.2f} |")
     print(f"| forward, a route forced on every token and layer | {forced:.2f} | {forced / plain:.2f} |")
     print(f"| F-SOUR step, {n} candidates one at a time (official loop) | {sequential:.2f} | 1 |")
-    print(f"| F-SOUR step, {n} candidates in one batch (ours) | {together:.2f} | {together / sequential:.2f} |")
+    print(
+        f"| F-SOUR step, {n} candidates in one batch (ours) | {together:.2f} | {together / sequential:.2f} |"
+    )
     plain_name = "forward, no controller"
     r4 = lambda x: float(f"{x:.4g}")  # noqa: E731
-    rows = [bench_row("forward, controller attached, no rules", plain_name, r4(idle), r4(plain)),
-            bench_row("forward, a route forced on every token and layer", plain_name, r4(forced), r4(plain)),
-            bench_row(f"F-SOUR step, {n} candidates in one batched forward (ours)",
-                      f"F-SOUR step, {n} candidates one at a time (official loop)", r4(together), r4(sequential))]
-    conditions = (f"the quick preset's aligned tiny Mixtral (4 layers, 8 experts, top-2, width 64); one held-out "
-                  f"harmful prompt ({len(p_ids)} tokens) + target ({len(t_ids)} tokens); wall-clock medians of "
-                  f"{args.rounds} rounds; one torch thread; the batched and one-at-a-time candidate scores agree "
-                  "(checked)")
+    rows = [
+        bench_row("forward, controller attached, no rules", plain_name, r4(idle), r4(plain)),
+        bench_row("forward, a route forced on every token and layer", plain_name, r4(forced), r4(plain)),
+        bench_row(
+            f"F-SOUR step, {n} candidates in one batched forward (ours)",
+            f"F-SOUR step, {n} candidates one at a time (official loop)",
+            r4(together),
+            r4(sequential),
+        ),
+    ]
+    conditions = (
+        f"the quick preset's aligned tiny Mixtral, shallow world (4 layers, 8 experts, top-2, width 64); one held-out "
+        f"harmful prompt ({len(p_ids)} tokens) + target ({len(t_ids)} tokens); wall-clock medians of "
+        f"{args.rounds} rounds; one torch thread; the batched and one-at-a-time candidate scores agree "
+        "(checked)"
+    )
     path = write_bench("unsafe_moe", rows, conditions=conditions, out_dir=args.out)
     print(f"\nwrote {path}")
 

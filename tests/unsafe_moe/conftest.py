@@ -18,7 +18,9 @@ def tok():
 
 @pytest.fixture(scope="session", params=FAMILIES)
 def moe(request, tok):
-    return tiny_causal_lm(len(tok), family=request.param, layers=2, hidden=32, experts=4, top_k=2, seed=0).eval()
+    return tiny_causal_lm(
+        len(tok), family=request.param, layers=2, hidden=32, experts=4, top_k=2, seed=0
+    ).eval()
 
 
 @pytest.fixture(scope="session")

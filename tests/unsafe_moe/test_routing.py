@@ -17,11 +17,13 @@ def test_route_matches_the_float64_oracle():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(7, 6, generator=g)
     mask = torch.rand(7, 6, generator=g) < 0.4
-    mask[:, 0] = False                      # every token keeps at least one expert
+    mask[:, 0] = False  # every token keeps at least one expert
     for renormalize in (True, False):
         w, idx = route(logits, 2, renormalize, mask)
-        w_ref, idx_ref = masked_route(logits.double().tolist(), mask.tolist(), top_k=2, renormalize=renormalize)
-        kept = [row for row in range(7) if (~mask[row]).sum() >= 2]   # ties among -inf picks are arbitrary
+        w_ref, idx_ref = masked_route(
+            logits.double().tolist(), mask.tolist(), top_k=2, renormalize=renormalize
+        )
+        kept = [row for row in range(7) if (~mask[row]).sum() >= 2]  # ties among -inf picks are arbitrary
         assert idx[kept].tolist() == [idx_ref[r] for r in kept]
         torch.testing.assert_close(w.double(), torch.tensor(w_ref, dtype=torch.float64), atol=1e-6, rtol=1e-6)
 
@@ -65,8 +67,10 @@ def test_force_sets_the_route_at_that_token_only(moe):
         forced = rc.routes()
     assert sorted(forced[1][0, 3].tolist()) == sorted(target)
     others = [t for t in range(6) if t != 3]
-    assert torch.equal(forced[1][0, others], default[1][0, others])   # same layer inputs, other tokens untouched
-    assert torch.equal(forced[0], default[0])                         # earlier layer untouched
+    assert torch.equal(
+        forced[1][0, others], default[1][0, others]
+    )  # same layer inputs, other tokens untouched
+    assert torch.equal(forced[0], default[0])  # earlier layer untouched
 
 
 def test_forced_router_output_matches_the_oracle(mixtral):
@@ -93,7 +97,7 @@ def test_per_row_candidates_and_decode_steps(mixtral):
         rows = rc.routes()[0][:, 0].sort(-1).values
         rc.clear()
         rc.force(0, 0, [2, 3])
-        mixtral(IDS[:, :1])              # a one-token call is a decode step: positional rules do not apply
+        mixtral(IDS[:, :1])  # a one-token call is a decode step: positional rules do not apply
         assert torch.equal(rc.routes()[0], decode_default)
     assert rows.tolist() == cands.tolist()
 
@@ -105,19 +109,19 @@ def test_masking_and_the_defence(mixtral):
         rc.mask(1, [0, 1], hard=True)
         mixtral(IDS)
         assert not set(rc.routes()[1].flatten().tolist()) & {0, 1}
-        rc.force(1, 2, [0, 1])           # an attack onto banned experts: the hard rule wins
+        rc.force(1, 2, [0, 1])  # an attack onto banned experts: the hard rule wins
         mixtral(IDS)
         assert not set(rc.routes()[1][0, 2].tolist()) & {0, 1}
         rc.clear()
-        assert not set(rc.routes()[1].flatten().tolist()) & {0, 1}   # clear() keeps hard rules...
-        rc.clear(hard=True)                                         # ...until asked
+        assert not set(rc.routes()[1].flatten().tolist()) & {0, 1}  # clear() keeps hard rules...
+        rc.clear(hard=True)  # ...until asked
         torch.testing.assert_close(mixtral(IDS).logits, base, rtol=0, atol=0)
         used = sorted(set(default[0, 4].tolist()))
         unused = [e for e in range(4) if e not in used]
-        disable_routes(mixtral, {1: used + unused[:1]}, controller=rc)   # spare_default: default routes kept
-        torch.testing.assert_close(mixtral(IDS).logits, base)          # Mixtral renormalises: same up to rounding
+        disable_routes(mixtral, {1: used + unused[:1]}, controller=rc)  # spare_default: default routes kept
+        torch.testing.assert_close(mixtral(IDS).logits, base)  # Mixtral renormalises: same up to rounding
         assert torch.equal(rc.routes()[1], default)
-        rc.force(1, 4, unused)           # deviating into a banned expert is disabled
+        rc.force(1, 4, unused)  # deviating into a banned expert is disabled
         mixtral(IDS)
         assert unused[0] not in rc.routes()[1][0, 4].tolist()
 
@@ -125,10 +129,21 @@ def test_masking_and_the_defence(mixtral):
 @pytest.mark.parametrize("family", ["mixtral", "olmoe", "qwen2_moe"])
 def test_from_pretrained_checkpoint(tmp_path, tok, family, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = tiny_causal_lm(len(tok), family=family, layers=2, hidden=32, experts=4, top_k=2, seed=2)
+    model = tiny_causal_lm(len(tok), family=family, layers=2, hidden=32, experts=4, top_k=2, seed=2).eval()
     loaded, tok2 = load_lab_model(save_lab_model(model, tok, tmp_path / family))
-    attack = FSOUR(loaded.eval(), tok2, n_candidates=3, max_iters=1, max_new_tokens=3).attack("how to x.", "sure")
-    assert attack.forwards > 1 and all(len(e) == 2 for e in attack.routes.values())
+    loaded.eval()
+    with torch.no_grad(), RouterController(loaded) as rc:
+        loaded(IDS)
+        default = rc.routes()[1][0, 3].sort().values.tolist()
+        other = [e for e in range(4) if e not in default]
+        rc.force(1, 3, other)  # the hook works on the reloaded model: the chosen experts change
+        loaded(IDS)
+        assert rc.routes()[1][0, 3].sort().values.tolist() == other
+    # the reloaded model is searched exactly as the original one (same seed, same routes and objective)
+    fs = dict(n_candidates=3, threshold=-1e-12, chat_template=False)
+    a = FSOUR(model, tok, **fs).search("how to x.", "sure", seed=1)
+    b = FSOUR(loaded, tok2, **fs).search("how to x.", "sure", seed=1)
+    assert a[0] == b[0] and a[1] == pytest.approx(b[1], abs=1e-5) and a[2] == b[2]
 
 
 class _BiasedTopKRouter(nn.Module):

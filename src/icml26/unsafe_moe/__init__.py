@@ -7,14 +7,28 @@ from .attack import (
     FSOUR,
     RoSaisResult,
     RouteAttack,
-    random_route_attack,
+    chat_text,
     random_route_search,
     rosais,
     route_disabling_bans,
 )
-from .judge import LLMJudge, RuleJudge
+from .judge import LLMJudge, RuleJudge, TieredJudge
 from .routing import RouterController, RouterInfo, disable_routes, find_routers, route
 
-__all__ = ["FSOUR", "LLMJudge", "RoSaisResult", "RouteAttack", "RouterController", "RouterInfo", "RuleJudge",
-           "disable_routes", "find_routers", "random_route_attack", "random_route_search", "rosais", "route",
-           "route_disabling_bans"]
+__all__ = [
+    "FSOUR",
+    "LLMJudge",
+    "RoSaisResult",
+    "RouteAttack",
+    "RouterController",
+    "RouterInfo",
+    "RuleJudge",
+    "TieredJudge",
+    "chat_text",
+    "disable_routes",
+    "find_routers",
+    "random_route_search",
+    "rosais",
+    "route",
+    "route_disabling_bans",
+]

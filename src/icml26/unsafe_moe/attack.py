@@ -8,13 +8,17 @@
 averaged over prompts. Assumption (the paper's mask size and masked tokens are not public): each mask keeps
 ``keep`` (default top_k) random experts, the same mask on every prompt token.
 
-**F-SOUR** (official ``search_best_expert_routing``): greedy coordinate ascent over prompt positions t (in
-order) and MoE layers l (in order); at each (t, l) draw N random expert subsets of size exactly top_k, score each
-by the joint log-probability of the target (an affirmative string) given the prompt with that token forced onto
-the subset, keep the best only if it beats the current objective, and stop early once log Pr(target) >= log 0.8.
-Up to ``max_iters`` attempts from scratch (seed + attempt); each attempt's route is applied to the prompt
-(prefill) tokens, the response regenerated greedily and judged; the first success (or the best attempt) is
-returned.
+**F-SOUR** (official ``search_best_expert_routing``): greedy coordinate ascent over token positions t (in
+order; the chat-templated prompt for the official ``prefill`` stage, the fed-back response tokens for
+``generation``, both for ``all``) and MoE layers l (in order); at each (t, l) draw N random expert subsets of size
+exactly top_k, score each by the joint log-probability of the target (an affirmative string),
+
+    J(routes) = sum_j log Pr(y_j | x, y_<j; routes),
+
+with that token forced onto the subset, keep the best only if it beats the current objective, and stop early
+once J >= log 0.8. Up to ``max_iters`` attempts from scratch (seed + attempt). The attack selects among attempts
+by J alone (it never sees an evaluation judge); the chosen route is applied and the greedy response returned for
+a separate judge. The official driver's judged protocol is available with ``judge=`` for a shadow judge.
 
 Example:
     >>> from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
@@ -42,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .judge import Judge, RuleJudge
+from .judge import Judge
 from .routing import RouterController
 
 
@@ -91,11 +95,13 @@ def _phi(subsets: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_logprob(model: Any, prompt_ids: Sequence[int], target_ids: Sequence[int], rows: int = 1) -> torch.Tensor:
+def target_logprob(
+    model: Any, prompt_ids: Sequence[int], target_ids: Sequence[int], rows: int = 1
+) -> torch.Tensor:
     """``log Pr(target | prompt)`` summed over target tokens, for ``rows`` copies (one per routing candidate)."""
     ids = torch.tensor([list(prompt_ids) + list(target_ids)]).expand(rows, -1)
-    logits = model(input_ids=ids).logits[:, len(prompt_ids) - 1:-1].float()
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, len(prompt_ids):, None]).squeeze(-1)
+    logits = model(input_ids=ids).logits[:, len(prompt_ids) - 1 : -1].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, len(prompt_ids) :, None]).squeeze(-1)
     out = lp.sum(-1)
     if not torch.isfinite(out).all():
         raise FloatingPointError("non-finite target log-probability (a routing rule broke the model?)")
@@ -103,12 +109,22 @@ def target_logprob(model: Any, prompt_ids: Sequence[int], target_ids: Sequence[i
 
 
 @torch.no_grad()
-def greedy(model: Any, tokenizer: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> str:
-    """The greedy continuation of ``prompt_ids`` (routing rules on the controller apply to the prefill)."""
+def greedy(
+    model: Any, tokenizer: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, use_cache: bool = True
+) -> str:
+    """The greedy continuation of ``prompt_ids``. Positional routing rules on the controller apply to calls that
+    run more than one position: the prefill, or every step with ``use_cache=False``."""
     ids = torch.tensor([list(prompt_ids)])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        use_cache=use_cache,
+    )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 # ------------------------------------------------------------------------------------------------------ RoSais
@@ -141,9 +157,17 @@ class RoSaisResult:
 
 
 @torch.no_grad()
-def rosais(model: Any, tokenizer: Any, prompts: Sequence[str], affirmative: Sequence[str] = ("Sure",), *,
-           n_masks: int = 16, keep: int | None = None, seed: int = 0,
-           controller: RouterController | None = None) -> RoSaisResult:
+def rosais(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    affirmative: Sequence[str] = ("Sure",),
+    *,
+    n_masks: int = 16,
+    keep: int | None = None,
+    seed: int = 0,
+    controller: RouterController | None = None,
+) -> RoSaisResult:
     """Router Safety importance score of every MoE router.
 
     Args:
@@ -192,19 +216,61 @@ def rosais(model: Any, tokenizer: Any, prompts: Sequence[str], affirmative: Sequ
 
 
 # ------------------------------------------------------------------------------------------------------ F-SOUR
+STAGES = ("prefill", "generation", "all")
+
+
+def chat_text(tokenizer: Any, prompt: str, chat_template: bool | None = None) -> str:
+    """The text the model sees for a user ``prompt``.
+
+    With ``chat_template`` True (or None and the tokenizer has one) the prompt goes through
+    ``tokenizer.apply_chat_template`` as one user turn with the generation prompt, as the official code builds its
+    prefill; otherwise it is used as is.
+    """
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+    has = getattr(tokenizer, "chat_template", None) is not None
+    if chat_template is None:
+        chat_template = has
+    if not chat_template:
+        return prompt
+    if not has:
+        raise ValueError("chat_template=True but the tokenizer has no chat template")
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
+
+
+def stage_positions(stage: str, n_prompt: int, n_target: int) -> list[int]:
+    """Token positions whose routes a search may force.
+
+    ``"prefill"``: the prompt tokens ``0..P-1`` (the official search); ``"generation"``: the target tokens fed
+    back while decoding, ``P..P+T-2`` (the last target token never conditions the target); ``"all"``: both.
+    """
+    if stage == "prefill":
+        return list(range(n_prompt))
+    if stage == "generation":
+        return list(range(n_prompt, n_prompt + n_target - 1))
+    if stage == "all":
+        return list(range(n_prompt + n_target - 1))
+    raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+
+
 @dataclass
 class RouteAttack:
     """The outcome of a route attack on one prompt.
 
     Attributes:
-        routes: ``{(position, layer): experts}`` forced on the prompt tokens.
-        logprob: log Pr(target | prompt) under the routes.
+        routes: ``{(position, layer): experts}`` forced (positions index the model's input: the chat-templated
+            prompt, then the response).
+        logprob: log Pr(target | prompt) under the routes (the search's own objective).
         output: the greedy response under the routes.
-        score: the judge's score of ``output``.
-        success: ``score >= success_score``.
+        score: the attack's judge's score of ``output`` (NaN when the attack ran without a judge).
+        success: with a judge, ``score >= success_score``; without, ``logprob >= threshold`` (the objective
+            reached its target). Never an evaluation verdict: judge the output separately.
         forwards: sequences scored during the search (a batch of N counts N).
         attempts: search attempts made.
         seconds: wall time of the attack.
+        prompt_ids: the token ids the routes' positions refer to (the templated prompt).
     """
 
     routes: dict[tuple[int, int], tuple[int, ...]]
@@ -216,26 +282,57 @@ class RouteAttack:
     attempts: int
     seconds: float
     history: list[float] = field(default_factory=list, repr=False)
+    prompt_ids: tuple[int, ...] = ()
 
 
-def routes_to_phi(rc: RouterController, routes: dict[tuple[int, int], Sequence[int]],
-                  length: int) -> dict[int, torch.Tensor]:
+def routes_to_phi(
+    rc: RouterController, routes: dict[tuple[int, int], Sequence[int]], length: int
+) -> dict[int, torch.Tensor]:
     """``{layer: Phi (length, K)}`` forcing each ``(position, layer)`` onto its experts."""
     phi = {layer: torch.zeros(length, rc.info(layer).num_experts, dtype=torch.bool) for layer in rc.layers}
     for (t, layer), experts in routes.items():
+        if not 0 <= t < length:
+            raise ValueError(f"route position {t} outside the {length} positions")
         phi[layer][t] = _phi(torch.tensor(list(experts)), rc.info(layer).num_experts)
     return phi
 
 
 def apply_routes(rc: RouterController, routes: dict[tuple[int, int], Sequence[int]], length: int) -> None:
-    """Put ``routes`` on the controller as soft rules over the first ``length`` prompt tokens."""
+    """Put ``routes`` on the controller as soft rules over the first ``length`` positions."""
     for layer, phi in routes_to_phi(rc, routes, length).items():
         if phi.any():
             rc.set_phi(layer, phi)
 
 
+def _respond(
+    model: Any,
+    tokenizer: Any,
+    rc: RouterController,
+    routes: dict[tuple[int, int], Sequence[int]],
+    p_ids: Sequence[int],
+    max_new_tokens: int,
+) -> str:
+    """The greedy response with ``routes`` forced. Routes on response positions need every decoding step to run
+    the whole sequence (no KV cache), so that the positional rules reach them."""
+    length = max([t + 1 for t, _ in routes] + [len(p_ids)])
+    apply_routes(rc, routes, length)
+    try:
+        return greedy(model, tokenizer, p_ids, max_new_tokens, use_cache=length <= len(p_ids))
+    finally:
+        rc.clear()
+
+
 class FSOUR:
     """F-SOUR: fine-grained token-layer-wise stochastic optimisation of unsafe routes.
+
+    Objective: ``log Pr(target | prompt; routes) = sum_j log Pr(y_j | prompt, y_<j; routes)``, raised by greedy
+    coordinate ascent over (position, layer) with N random top_k-subsets per coordinate; stop at ``threshold``.
+
+    By default the attack never consults a judge: each attempt stops on its own objective, attempts stop once one
+    reaches ``threshold``, and the attempt with the highest objective is applied and its greedy response returned
+    (evaluate that response with any judge afterwards). With ``judge`` given, the official driver's protocol runs
+    instead (default response judged first, every attempt's response judged, the best-judged kept): use it only
+    with a judge separate from the one that evaluates the attack.
 
     Args:
         model: a MoE causal LM (``transformers``; see :class:`~icml26.unsafe_moe.routing.RouterController`).
@@ -243,47 +340,83 @@ class FSOUR:
         n_candidates: N, random expert subsets tried per (token, layer) (official run: 100).
         max_iters: search attempts from scratch (official: 5).
         threshold: early stop when log Pr(target) >= threshold (official: log 0.8).
+        stage: positions searched: ``"prefill"`` (official), ``"generation"`` or ``"all"`` (:func:`stage_positions`).
+        chat_template: format prompts with the tokenizer's chat template (None: when it has one).
         subset_size: experts per candidate subset (default the router's top_k, as in the official code).
-        judge: scores responses (default an offline :class:`~icml26.unsafe_moe.judge.RuleJudge`).
-        success_score: a response with score >= this is a jailbreak (official: 1.0, the StrongREJECT maximum).
+        judge: optional shadow judge for the official protocol (see above); default None.
+        success_score: with a judge, a response with score >= this is a success (official: 1.0).
         max_new_tokens: response length.
         seed: base seed; attempt i uses ``seed + i``.
         controller: an attached controller (e.g. one carrying a defence's hard bans); default a fresh one.
+
+    Example:
+        >>> from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
+        >>> tok = char_tokenizer()
+        >>> model = tiny_causal_lm(len(tok), family="olmoe", layers=2, experts=4, top_k=2, seed=0).eval()
+        >>> a = FSOUR(model, tok, n_candidates=4, max_iters=1, max_new_tokens=4, stage="all").attack("x.", "sure")
+        >>> a.forwards > 1, a.logprob >= a.history[0]
+        (True, True)
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, n_candidates: int = 100, max_iters: int = 5,
-                 threshold: float = math.log(0.8), subset_size: int | None = None, judge: Judge | None = None,
-                 success_score: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
-                 controller: RouterController | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        n_candidates: int = 100,
+        max_iters: int = 5,
+        threshold: float = math.log(0.8),
+        stage: str = "prefill",
+        chat_template: bool | None = None,
+        subset_size: int | None = None,
+        judge: Judge | None = None,
+        success_score: float = 1.0,
+        max_new_tokens: int = 64,
+        seed: int = 0,
+        controller: RouterController | None = None,
+    ):
         if n_candidates < 1 or max_iters < 1 or max_new_tokens < 1:
             raise ValueError("n_candidates, max_iters and max_new_tokens must be >= 1")
         if not math.isfinite(threshold) or threshold > 0:
             raise ValueError(f"threshold is a log-probability and must be finite and <= 0, got {threshold}")
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        if judge is not None and not callable(judge):
+            raise TypeError("judge must be a callable (prompt, response) -> score, or None")
         self.model, self.tokenizer = model, tokenizer
         self.n_candidates, self.max_iters, self.threshold = n_candidates, max_iters, threshold
-        self.subset_size, self.judge, self.success_score = subset_size, judge or RuleJudge(), success_score
+        self.stage, self.chat_template = stage, chat_template
+        self.subset_size, self.judge, self.success_score = subset_size, judge, success_score
         self.max_new_tokens, self.seed, self.controller = max_new_tokens, seed, controller
         with controlled(model, controller) as rc:
             _subset_size(rc, subset_size, "subset_size")
 
-    def search(self, prompt: str, target: str, *, seed: int = 0,
-               controller: RouterController | None = None) -> tuple[dict[tuple[int, int], tuple[int, ...]],
-                                                                     float, int, list[float]]:
-        """One attempt: ``(routes, log Pr(target), forwards, objective history)``."""
-        p_ids, t_ids = encode(self.tokenizer, prompt), encode(self.tokenizer, target, "target")
+    def encode(self, prompt: str, target: str) -> tuple[list[int], list[int]]:
+        """Token ids of the (chat-templated) prompt and of the target."""
+        return (
+            encode(self.tokenizer, chat_text(self.tokenizer, prompt, self.chat_template)),
+            encode(self.tokenizer, target, "target"),
+        )
+
+    def search(
+        self, prompt: str, target: str, *, seed: int = 0, controller: RouterController | None = None
+    ) -> tuple[dict[tuple[int, int], tuple[int, ...]], float, int, list[float]]:
+        """One attempt: ``(routes, log Pr(target), forwards, objective after each coordinate)``."""
+        p_ids, t_ids = self.encode(prompt, target)
         rng = np.random.default_rng(seed)
+        length = len(p_ids) + len(t_ids)
         with controlled(self.model, controller or self.controller) as rc:
             k = _subset_size(rc, self.subset_size, "subset_size")
             routes: dict[tuple[int, int], tuple[int, ...]] = {}
             best = float(target_logprob(self.model, p_ids, t_ids)[0])
             forwards, history = 1, [best]
-            for t in range(len(p_ids)):
+            for t in stage_positions(self.stage, len(p_ids), len(t_ids)):
                 for layer in rc.layers:
                     if best >= self.threshold:
                         return routes, best, forwards, history
                     num_experts = rc.info(layer).num_experts
                     cands = random_subsets(rng, self.n_candidates, num_experts, k)
-                    phi = routes_to_phi(rc, routes, len(p_ids))
+                    phi = routes_to_phi(rc, routes, length)
                     rc.clear()
                     for other, m in phi.items():
                         if other == layer:
@@ -303,126 +436,163 @@ class FSOUR:
             return routes, best, forwards, history
 
     def attack(self, prompt: str, target: str) -> RouteAttack:
-        """Judge the default response; if it is not a jailbreak, search up to ``max_iters`` times."""
+        """Search up to ``max_iters`` attempts and return the best one's routes and greedy response.
+
+        Without a judge: stop once an attempt's objective reaches ``threshold`` and keep the highest objective.
+        With a judge: the official protocol (see the class docstring).
+        """
         start = time.perf_counter()
-        p_ids = encode(self.tokenizer, prompt)
-        encode(self.tokenizer, target, "target")
+        p_ids, t_ids = self.encode(prompt, target)
         with controlled(self.model, self.controller) as rc:
-            output = greedy(self.model, self.tokenizer, p_ids, self.max_new_tokens)
-            score = float(self.judge(prompt, output))
-            base = float(target_logprob(self.model, p_ids, encode(self.tokenizer, target, "target"))[0])
-            best = RouteAttack({}, base, output, score, score >= self.success_score, 1, 0, 0.0)
+            base = float(target_logprob(self.model, p_ids, t_ids)[0])
+            best = RouteAttack(
+                {}, base, "", math.nan, base >= self.threshold, 1, 0, 0.0, [base], tuple(p_ids)
+            )
             forwards = 1
-            for attempt in range(self.max_iters):
-                if best.success:
-                    break
-                routes, lp, used, history = self.search(prompt, target, seed=self.seed + attempt, controller=rc)
-                forwards += used
-                apply_routes(rc, routes, len(p_ids))
-                output = greedy(self.model, self.tokenizer, p_ids, self.max_new_tokens)
-                rc.clear()
-                score = float(self.judge(prompt, output))
-                if (score, lp) > (best.score, best.logprob):
-                    best = RouteAttack(routes, lp, output, score, score >= self.success_score, 0, attempt + 1, 0.0,
-                                       history)
-                best.attempts = attempt + 1
+            if self.judge is None:
+                for attempt in range(self.max_iters):
+                    if best.logprob >= self.threshold:
+                        break
+                    routes, lp, used, history = self.search(
+                        prompt, target, seed=self.seed + attempt, controller=rc
+                    )
+                    forwards += used
+                    if lp > best.logprob:
+                        best = RouteAttack(
+                            routes, lp, "", math.nan, lp >= self.threshold, 0, 0, 0.0, history, tuple(p_ids)
+                        )
+                    best.attempts = attempt + 1
+                best.output = _respond(
+                    self.model, self.tokenizer, rc, best.routes, p_ids, self.max_new_tokens
+                )
+            else:
+                best.output = _respond(self.model, self.tokenizer, rc, {}, p_ids, self.max_new_tokens)
+                best.score = float(self.judge(prompt, best.output))
+                best.success = best.score >= self.success_score
+                for attempt in range(self.max_iters):
+                    if best.success:
+                        break
+                    routes, lp, used, history = self.search(
+                        prompt, target, seed=self.seed + attempt, controller=rc
+                    )
+                    forwards += used
+                    output = _respond(self.model, self.tokenizer, rc, routes, p_ids, self.max_new_tokens)
+                    score = float(self.judge(prompt, output))
+                    if (score, lp) > (best.score, best.logprob):
+                        best = RouteAttack(
+                            routes,
+                            lp,
+                            output,
+                            score,
+                            score >= self.success_score,
+                            0,
+                            0,
+                            0.0,
+                            history,
+                            tuple(p_ids),
+                        )
+                    best.attempts = attempt + 1
         best.forwards, best.seconds = forwards, time.perf_counter() - start
         return best
 
 
-def random_route_search(model: Any, tokenizer: Any, prompt: str, target: str, *, n_routes: int, budget: int,
-                        judge: Judge | None = None, success_score: float = 1.0, subset_size: int | None = None,
-                        max_new_tokens: int = 64, seed: int = 0, batch: int = 64,
-                        controller: RouterController | None = None) -> RouteAttack:
-    """The control arm: ``budget`` random route perturbations, each forcing ``n_routes`` random (token, layer)
-    pairs onto random expert subsets; the one with the highest log Pr(target) is applied and judged."""
+def random_route_search(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    target: str,
+    *,
+    n_routes: int,
+    budget: int,
+    stage: str = "prefill",
+    chat_template: bool | None = None,
+    threshold: float = math.log(0.8),
+    subset_size: int | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    batch: int = 64,
+    controller: RouterController | None = None,
+) -> RouteAttack:
+    """The controls: ``budget`` random route perturbations, each forcing ``n_routes`` random (position, layer)
+    pairs (positions of ``stage``) onto random expert subsets; the one with the highest log Pr(target) (F-SOUR's
+    objective, never a judge) is applied and its greedy response returned.
+
+    ``budget=1`` is a random route of that size with no selection; ``budget`` = F-SOUR's forward passes is a
+    random search with F-SOUR's compute and selection rule. ``success`` is ``logprob >= threshold``.
+    """
     if n_routes < 0 or budget < 1 or batch < 1:
         raise ValueError("n_routes must be >= 0, budget and batch >= 1")
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     start = time.perf_counter()
-    judge = judge or RuleJudge()
-    p_ids, t_ids = encode(tokenizer, prompt), encode(tokenizer, target, "target")
+    p_ids = encode(tokenizer, chat_text(tokenizer, prompt, chat_template))
+    t_ids = encode(tokenizer, target, "target")
+    positions = stage_positions(stage, len(p_ids), len(t_ids))
     rng = np.random.default_rng(seed)
     with controlled(model, controller) as rc:
         k = _subset_size(rc, subset_size, "subset_size")
         num_experts = {rc.info(layer).num_experts for layer in rc.layers}
         if len(num_experts) != 1:
             raise ValueError("random_route_search needs the same number of experts in every layer")
-        n_exp, n_layers, length = num_experts.pop(), len(rc.layers), len(p_ids)
-        n_slots = length * n_layers                       # slot = position * n_layers + layer ordinal
+        n_exp, n_layers, length = num_experts.pop(), len(rc.layers), len(p_ids) + len(t_ids)
+        n_slots = len(positions) * n_layers  # slot = position ordinal * n_layers + layer ordinal
         n_routes = min(n_routes, n_slots)
         best_routes: dict[tuple[int, int], tuple[int, ...]] = {}
         best_lp, done = -math.inf, 0
+        pos = torch.tensor(positions, dtype=torch.long)
         while done < budget:
             rows = min(batch, budget - done)
             slots = torch.from_numpy(np.argsort(rng.random((rows, n_slots)), axis=1)[:, :n_routes].copy())
-            subsets = torch.from_numpy(np.argsort(rng.random((rows, n_routes, n_exp)), axis=2)[..., :k].copy())
-            phi = torch.zeros(rows, n_slots, n_exp, dtype=torch.bool)
-            phi[torch.arange(rows)[:, None], slots] = _phi(subsets, n_exp)
-            phi = phi.reshape(rows, length, n_layers, n_exp)
+            subsets = torch.from_numpy(
+                np.argsort(rng.random((rows, n_routes, n_exp)), axis=2)[..., :k].copy()
+            )
+            flat = torch.zeros(rows, n_slots, n_exp, dtype=torch.bool)
+            flat[torch.arange(rows)[:, None], slots] = _phi(subsets, n_exp)
+            flat = flat.reshape(rows, len(positions), n_layers, n_exp)
             for i, layer in enumerate(rc.layers):
-                if phi[:, :, i].any():
-                    rc.set_phi(layer, phi[:, :, i])
+                if flat[:, :, i].any():
+                    phi = torch.zeros(rows, length, n_exp, dtype=torch.bool)
+                    phi[:, pos] = flat[:, :, i]
+                    rc.set_phi(layer, phi)
             lp = target_logprob(model, p_ids, t_ids, rows=rows)
             rc.clear()
             i = int(torch.argmax(lp))
             if float(lp[i]) > best_lp:
                 best_lp = float(lp[i])
-                best_routes = {(int(s) // n_layers, rc.layers[int(s) % n_layers]): tuple(sorted(e.tolist()))
-                               for s, e in zip(slots[i], subsets[i], strict=True)}
+                best_routes = {
+                    (positions[int(s) // n_layers], rc.layers[int(s) % n_layers]): tuple(sorted(e.tolist()))
+                    for s, e in zip(slots[i], subsets[i], strict=True)
+                }
             done += rows
-        apply_routes(rc, best_routes, len(p_ids))
-        output = greedy(model, tokenizer, p_ids, max_new_tokens)
-        rc.clear()
-    score = float(judge(prompt, output))
-    return RouteAttack(best_routes, best_lp, output, score, score >= success_score, budget, 1,
-                       time.perf_counter() - start)
-
-
-def random_route_attack(model: Any, tokenizer: Any, prompt: str, target: str, *, n_routes: int, budget: int,
-                        attempts: int = 1, judge: Judge | None = None, success_score: float = 1.0,
-                        subset_size: int | None = None, max_new_tokens: int = 64, seed: int = 0,
-                        controller: RouterController | None = None) -> RouteAttack:
-    """The control matched to :meth:`FSOUR.attack`: the same protocol with random search in place of F-SOUR's.
-
-    Judge the default response (a prompt already jailbroken by default is a success, as for F-SOUR); otherwise up
-    to ``attempts`` :func:`random_route_search` calls (seed + attempt), splitting ``budget`` scored sequences
-    evenly, each applied and judged; the first success, or the best (score, log-prob), is returned. Given F-SOUR's
-    attempts, route count and scored sequences, the control sees the judge as often and scores as many sequences,
-    so the two differ only in how routes are chosen.
-    """
-    if attempts < 1 or budget < 1 or n_routes < 0:
-        raise ValueError("attempts and budget must be >= 1, n_routes >= 0")
-    start = time.perf_counter()
-    judge = judge or RuleJudge()
-    p_ids, t_ids = encode(tokenizer, prompt), encode(tokenizer, target, "target")
-    with controlled(model, controller) as rc:
-        output = greedy(model, tokenizer, p_ids, max_new_tokens)
-        score = float(judge(prompt, output))
-        best = RouteAttack({}, float(target_logprob(model, p_ids, t_ids)[0]), output, score, score >= success_score,
-                           1, 0, 0.0)
-        forwards = 1
-        for attempt in range(attempts):
-            if best.success:
-                break
-            found = random_route_search(model, tokenizer, prompt, target, n_routes=n_routes,
-                                        budget=max(budget // attempts, 1), judge=judge, success_score=success_score,
-                                        subset_size=subset_size, max_new_tokens=max_new_tokens, seed=seed + attempt,
-                                        controller=rc)
-            forwards += found.forwards
-            if (found.score, found.logprob) > (best.score, best.logprob):
-                best = found
-            best.attempts = attempt + 1
-    best.forwards, best.seconds = forwards, time.perf_counter() - start
-    return best
+        output = _respond(model, tokenizer, rc, best_routes, p_ids, max_new_tokens)
+    return RouteAttack(
+        best_routes,
+        best_lp,
+        output,
+        math.nan,
+        best_lp >= threshold,
+        budget,
+        1,
+        time.perf_counter() - start,
+        [best_lp],
+        tuple(p_ids),
+    )
 
 
 @torch.no_grad()
-def route_disabling_bans(model: Any, tokenizer: Any, attacks: Sequence[tuple[str, RouteAttack]], *,
-                         per_layer: int = 1, controller: RouterController | None = None) -> dict[int, list[int]]:
+def route_disabling_bans(
+    model: Any,
+    tokenizer: Any,
+    attacks: Sequence[tuple[str, RouteAttack]],
+    *,
+    per_layer: int = 1,
+    controller: RouterController | None = None,
+) -> dict[int, list[int]]:
     """Safety-aware route disabling: per layer, the ``per_layer`` experts most over-used by unsafe routes.
 
-    For every successful attack, each forced (token, layer) route counts +1 for its experts and -1 for the experts
-    the default router chose at that token; the experts with the largest positive excess are banned.
+    For every successful attack (without a judge: one whose objective reached its threshold), each forced
+    (token, layer) route counts +1 for its experts and -1 for the experts the default router chose at that
+    token; the experts with the largest positive excess are banned.
 
     Args:
         attacks: ``(prompt, RouteAttack)`` pairs found on calibration prompts.
@@ -436,10 +606,12 @@ def route_disabling_bans(model: Any, tokenizer: Any, attacks: Sequence[tuple[str
         for prompt, attack in attacks:
             if not attack.success or not attack.routes:
                 continue
-            ids = encode(tokenizer, prompt)
+            ids = list(attack.prompt_ids) or encode(tokenizer, prompt)
             model(input_ids=torch.tensor([ids]))
             default = rc.routes()
             for (t, layer), experts in attack.routes.items():
+                if t >= len(ids):  # a response position: no default route to compare with
+                    continue
                 excess[layer][list(experts)] += 1
                 excess[layer][default[layer][0, t].tolist()] -= 1
         bans = {}

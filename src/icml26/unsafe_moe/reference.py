@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 
-def masked_route(logits: Sequence[Sequence[float]], mask: Sequence[Sequence[bool]] | None, *, top_k: int,
-                 renormalize: bool) -> tuple[list[list[float]], list[list[int]]]:
+def masked_route(
+    logits: Sequence[Sequence[float]], mask: Sequence[Sequence[bool]] | None, *, top_k: int, renormalize: bool
+) -> tuple[list[list[float]], list[list[int]]]:
     """Per token: r' = r + Phi (Phi = -inf where ``mask``), p = softmax(r'), the top-k by p, optionally / sum."""
     weights, indices = [], []
     for n, row in enumerate(logits):
@@ -50,11 +51,49 @@ def patched_router(module: Any, keep: Sequence[int], *, top_k: int, renormalize:
         logits = torch.nn.functional.linear(h, weight)
         phi = [[e not in keep for e in range(weight.shape[0])] for _ in range(h.shape[0])]
         w, idx = masked_route(logits.double().tolist(), phi, top_k=top_k, renormalize=renormalize)
-        return (logits.masked_fill(torch.tensor(phi), -math.inf), torch.tensor(w, dtype=logits.dtype),
-                torch.tensor(idx))
+        return (
+            logits.masked_fill(torch.tensor(phi), -math.inf),
+            torch.tensor(w, dtype=logits.dtype),
+            torch.tensor(idx),
+        )
 
     module.forward = forward
     try:
         yield
     finally:
         module.forward = original
+
+
+@contextlib.contextmanager
+def patched_routes(
+    modules: dict[int, Any], routes: dict[tuple[int, int], Sequence[int]], *, top_k: int, renormalize: bool
+) -> Iterator[None]:
+    """Temporarily force token ``t`` at layer ``l`` onto ``routes[(t, l)]`` for every full-sequence call of a
+    batch-1 model (``modules``: ``{layer: router}``); other tokens keep the router's own choice."""
+    originals = {}
+    for layer, module in modules.items():
+        forced = {t: list(e) for (t, lay), e in routes.items() if lay == layer}
+        weight = module.weight
+
+        def forward(
+            hidden_states: torch.Tensor, _w: torch.Tensor = weight, _forced: dict[int, list[int]] = forced
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            h = hidden_states.reshape(-1, _w.shape[1])
+            logits = torch.nn.functional.linear(h, _w)
+            phi = [
+                [t in _forced and e not in _forced[t] for e in range(_w.shape[0])] for t in range(h.shape[0])
+            ]
+            w, idx = masked_route(logits.double().tolist(), phi, top_k=top_k, renormalize=renormalize)
+            return (
+                logits.masked_fill(torch.tensor(phi), -math.inf),
+                torch.tensor(w, dtype=logits.dtype),
+                torch.tensor(idx),
+            )
+
+        originals[layer] = module.forward
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for layer, module in modules.items():
+            module.forward = originals[layer]

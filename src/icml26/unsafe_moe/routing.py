@@ -75,8 +75,9 @@ class RouterInfo:
     shared_expert: bool
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool,
-          mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, renormalize: bool, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The router rule on (masked) logits: ``softmax(r + Phi) -> top-k (-> renormalise)``.
 
     Args:
@@ -111,20 +112,32 @@ def find_routers(model: nn.Module) -> list[RouterInfo]:
     modules = dict(model.named_modules())
     found = [(n, m) for n, m in modules.items() if _ROUTER_CLASS.search(type(m).__name__)]
     if not found:
-        raise TypeError(f"{type(model).__name__} has no mixture-of-experts router (no *TopKRouter module): routes "
-                        "can only be controlled on MoE models such as Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE")
+        raise TypeError(
+            f"{type(model).__name__} has no mixture-of-experts router (no *TopKRouter module): routes "
+            "can only be controlled on MoE models such as Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE"
+        )
     infos = []
     for ordinal, (name, module) in enumerate(found):
         m = _LAYER_INDEX.search(name)
         parent = modules.get(name.rpartition(".")[0])
         shared = parent is not None and any(hasattr(parent, a) for a in ("shared_expert", "shared_experts"))
         num_experts, top_k = _router_sizes(module)
-        infos.append(RouterInfo(layer=int(m.group(1)) if m else ordinal, name=name, module=module,
-                                num_experts=num_experts, top_k=top_k, renormalize=_router_rule(module, top_k),
-                                shared_expert=shared))
+        infos.append(
+            RouterInfo(
+                layer=int(m.group(1)) if m else ordinal,
+                name=name,
+                module=module,
+                num_experts=num_experts,
+                top_k=top_k,
+                renormalize=_router_rule(module, top_k),
+                shared_expert=shared,
+            )
+        )
     if len({i.layer for i in infos}) != len(infos):
-        infos = [RouterInfo(o, i.name, i.module, i.num_experts, i.top_k, i.renormalize, i.shared_expert)
-                 for o, i in enumerate(infos)]
+        infos = [
+            RouterInfo(o, i.name, i.module, i.num_experts, i.top_k, i.renormalize, i.shared_expert)
+            for o, i in enumerate(infos)
+        ]
     return infos
 
 
@@ -132,8 +145,10 @@ def _router_sizes(module: nn.Module) -> tuple[int, int]:
     weight = getattr(module, "weight", None)
     top_k = getattr(module, "top_k", None)
     if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or not isinstance(top_k, int):
-        raise TypeError(f"{type(module).__name__} is not a linear top-k router (needs .weight (K, H) and .top_k); "
-                        "its routes cannot be controlled")
+        raise TypeError(
+            f"{type(module).__name__} is not a linear top-k router (needs .weight (K, H) and .top_k); "
+            "its routes cannot be controlled"
+        )
     return int(weight.shape[0]), top_k
 
 
@@ -146,27 +161,34 @@ def _router_rule(module: nn.Module, top_k: int) -> bool:
         h = torch.randn(16, weight.shape[1], dtype=weight.dtype, device=weight.device)
     out = module(h)
     if not (isinstance(out, tuple) and len(out) == 3):
-        raise TypeError(f"{type(module).__name__} does not return (router_logits, weights, indices); its routes "
-                        "cannot be controlled with this version of the hook")
+        raise TypeError(
+            f"{type(module).__name__} does not return (router_logits, weights, indices); its routes "
+            "cannot be controlled with this version of the hook"
+        )
     logits, weights, indices = out
     for renormalize in (True, False):
         w, idx = route(logits, top_k, renormalize)
         if torch.equal(idx.sort(-1).values, indices.sort(-1).values) and torch.allclose(
-                w.float().sort(-1).values, weights.float().sort(-1).values, atol=1e-5, rtol=1e-4):
+            w.float().sort(-1).values, weights.float().sort(-1).values, atol=1e-5, rtol=1e-4
+        ):
             return renormalize
-    raise TypeError(f"{type(module).__name__} routes by a rule other than softmax -> top-k (-> renormalise) "
-                    "(e.g. grouped routing or a score-correction bias); forcing its routes would change more than "
-                    "the chosen experts, so it is not supported")
+    raise TypeError(
+        f"{type(module).__name__} routes by a rule other than softmax -> top-k (-> renormalise) "
+        "(e.g. grouped routing or a score-correction bias); forcing its routes would change more than "
+        "the chosen experts, so it is not supported"
+    )
 
 
 @dataclass
 class _Rule:
-    keep: bool                      # True: only `experts` allowed; False: `experts` removed
-    experts: torch.Tensor | None    # (n,) or (B, n) long; None for a dense Phi
-    positions: tuple[int, ...] | str | None   # tuple: those prefill positions; "prefill": all; None: every call
+    keep: bool  # True: only `experts` allowed; False: `experts` removed
+    experts: torch.Tensor | None  # (n,) or (B, n) long; None for a dense Phi
+    positions: (
+        tuple[int, ...] | str | None
+    )  # tuple: those prefill positions; "prefill": all; None: every call
     hard: bool
     phi: torch.Tensor | None = None  # (B or 1, T, K) bool, True = -inf, on prefill positions 0..T-1
-    spare_default: bool = False      # never mask an expert the unmodified router chose for that token
+    spare_default: bool = False  # never mask an expert the unmodified router chose for that token
 
 
 class RouterController:
@@ -185,8 +207,10 @@ class RouterController:
     def __init__(self, model: nn.Module):
         self.routers = find_routers(model)
         if getattr(model, _ATTACHED, None) is not None:
-            raise RuntimeError("another RouterController is attached to this model; close it first (or pass it "
-                               "as controller=)")
+            raise RuntimeError(
+                "another RouterController is attached to this model; close it first (or pass it "
+                "as controller=)"
+            )
         self.model = model
         self._by_layer = {r.layer: r for r in self.routers}
         self._rules: dict[int, list[_Rule]] = {r.layer: [] for r in self.routers}
@@ -196,7 +220,9 @@ class RouterController:
         modules = dict(model.named_modules())
         for r in self.routers:
             parent = modules[r.name.rpartition(".")[0]] if "." in r.name else model
-            self._handles.append(parent.register_forward_pre_hook(self._shape_hook(r.layer), with_kwargs=True))
+            self._handles.append(
+                parent.register_forward_pre_hook(self._shape_hook(r.layer), with_kwargs=True)
+            )
             self._handles.append(r.module.register_forward_hook(self._route_hook(r)))
         setattr(model, _ATTACHED, self)
 
@@ -211,8 +237,14 @@ class RouterController:
         self._check_layer(layer)
         return self._by_layer[layer]
 
-    def force(self, layer: int, position: int | Sequence[int] | str, experts: Sequence[int] | torch.Tensor, *,
-              hard: bool = False) -> None:
+    def force(
+        self,
+        layer: int,
+        position: int | Sequence[int] | str,
+        experts: Sequence[int] | torch.Tensor,
+        *,
+        hard: bool = False,
+    ) -> None:
         """Route the token(s) at ``position`` of layer ``layer`` only through ``experts`` (prefill calls).
 
         ``experts`` is a list of expert ids, or a ``(B, n)`` tensor giving each batch row its own set (the
@@ -221,9 +253,15 @@ class RouterController:
         """
         self._add(layer, experts, position, keep=True, hard=hard)
 
-    def mask(self, layer: int, experts: Sequence[int] | torch.Tensor, *,
-             positions: int | Sequence[int] | str | None = None, hard: bool = False,
-             spare_default: bool = False) -> None:
+    def mask(
+        self,
+        layer: int,
+        experts: Sequence[int] | torch.Tensor,
+        *,
+        positions: int | Sequence[int] | str | None = None,
+        hard: bool = False,
+        spare_default: bool = False,
+    ) -> None:
         """Remove ``experts`` from the router of ``layer`` (Phi = -inf) at ``positions`` (None: every token).
 
         ``spare_default=True`` keeps an expert wherever the unmodified router picks it for that token, so only
@@ -274,27 +312,44 @@ class RouterController:
         if layer not in self._by_layer:
             raise ValueError(f"layer {layer} has no router; controllable layers: {self.layers}")
 
-    def _add(self, layer: int, experts: Sequence[int] | torch.Tensor, positions: Any, *, keep: bool,
-             hard: bool, spare_default: bool = False) -> None:
+    def _add(
+        self,
+        layer: int,
+        experts: Sequence[int] | torch.Tensor,
+        positions: Any,
+        *,
+        keep: bool,
+        hard: bool,
+        spare_default: bool = False,
+    ) -> None:
         self._check_layer(layer)
         info = self._by_layer[layer]
         e = torch.as_tensor(experts if not isinstance(experts, torch.Tensor) else experts.detach().cpu())
         if e.ndim not in (1, 2) or e.shape[-1] == 0:
-            raise ValueError(f"experts must be a non-empty list of expert ids or a (B, n) tensor, got shape "
-                             f"{tuple(e.shape)}")
+            raise ValueError(
+                f"experts must be a non-empty list of expert ids or a (B, n) tensor, got shape "
+                f"{tuple(e.shape)}"
+            )
         if e.dtype.is_floating_point or e.dtype == torch.bool:
             raise TypeError(f"experts must be integer expert ids, got dtype {e.dtype}")
         e = e.long()
         if int(e.min()) < 0 or int(e.max()) >= info.num_experts:
-            shared = " (the shared expert is not routed and cannot be forced or masked)" if info.shared_expert \
+            shared = (
+                " (the shared expert is not routed and cannot be forced or masked)"
+                if info.shared_expert
                 else ""
-            raise ValueError(f"expert ids must be in [0, {info.num_experts}) at layer {layer}, got "
-                             f"{sorted(set(e.flatten().tolist()))}{shared}")
+            )
+            raise ValueError(
+                f"expert ids must be in [0, {info.num_experts}) at layer {layer}, got "
+                f"{sorted(set(e.flatten().tolist()))}{shared}"
+            )
         if keep is False and hard and not spare_default:
             remaining = info.num_experts - len(set(e.flatten().tolist()))
             if remaining < info.top_k:
-                raise ValueError(f"masking {info.num_experts - remaining} of {info.num_experts} experts at layer "
-                                 f"{layer} leaves fewer than top_k={info.top_k}")
+                raise ValueError(
+                    f"masking {info.num_experts - remaining} of {info.num_experts} experts at layer "
+                    f"{layer} leaves fewer than top_k={info.top_k}"
+                )
         self._rules[layer].append(_Rule(keep, e, _positions(positions), hard, spare_default=spare_default))
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -305,6 +360,7 @@ class RouterController:
                 self._shape[layer] = (int(h.shape[0]), int(h.shape[1]))
             elif isinstance(h, torch.Tensor) and h.ndim == 2:
                 self._shape[layer] = (1, int(h.shape[0]))
+
         return hook
 
     def _route_hook(self, info: RouterInfo) -> Any:
@@ -317,7 +373,8 @@ class RouterController:
             rules = self._rules[info.layer]
             if rules:
                 default = torch.zeros(batch, seq, info.num_experts, dtype=torch.bool).scatter_(
-                    -1, output[2].detach().cpu().reshape(batch, seq, -1), True)
+                    -1, output[2].detach().cpu().reshape(batch, seq, -1), True
+                )
                 soft = self._mask(rules, False, batch, seq, info.num_experts, default, logits.device)
                 hard = self._mask(rules, True, batch, seq, info.num_experts, default, logits.device)
                 if soft is not None or hard is not None:
@@ -331,24 +388,34 @@ class RouterController:
                         dead = mask.all(-1, keepdim=True)
                         mask = torch.where(dead, hard, mask)
                     if bool(mask.all(-1).any()):
-                        raise ValueError(f"the routing rules at layer {info.layer} leave some token no expert "
-                                         "(two forced expert sets that do not overlap?)")
+                        raise ValueError(
+                            f"the routing rules at layer {info.layer} leave some token no expert "
+                            "(two forced expert sets that do not overlap?)"
+                        )
                     weights, idx = route(logits, info.top_k, info.renormalize, mask)
                     output = (logits.masked_fill(mask, float("-inf")), weights, idx)
             self._routes[info.layer] = output[2].detach().reshape(batch, seq, -1)
             return output
+
         return hook
 
     @staticmethod
-    def _mask(rules: list[_Rule], hard: bool, batch: int, seq: int, k: int, default: torch.Tensor,
-              device: torch.device) -> torch.Tensor | None:
+    def _mask(
+        rules: list[_Rule],
+        hard: bool,
+        batch: int,
+        seq: int,
+        k: int,
+        default: torch.Tensor,
+        device: torch.device,
+    ) -> torch.Tensor | None:
         mask = None
         for rule in rules:
             if rule.hard is not hard:
                 continue
             if rule.positions is None:
                 pos = torch.arange(seq)
-            elif seq == 1:            # a decode step: positional rules act on the prompt (prefill) only
+            elif seq == 1:  # a decode step: positional rules act on the prompt (prefill) only
                 continue
             elif rule.positions == "prefill":
                 pos = torch.arange(seq)
@@ -369,8 +436,8 @@ class RouterController:
                 e = e.expand(batch, -1)
             elif e.shape[0] != batch:
                 raise ValueError(f"a per-row expert rule has {e.shape[0]} rows but the batch has {batch}")
-            chosen = torch.zeros(batch, k, dtype=torch.bool).scatter_(1, e, True)        # (B, K)
-            rows = (~chosen if rule.keep else chosen)[:, None, :]                        # True = Phi -inf
+            chosen = torch.zeros(batch, k, dtype=torch.bool).scatter_(1, e, True)  # (B, K)
+            rows = (~chosen if rule.keep else chosen)[:, None, :]  # True = Phi -inf
             if rule.spare_default:
                 rows = rows & ~default[:, pos]
             if mask is None:
@@ -383,15 +450,22 @@ def _positions(positions: Any) -> tuple[int, ...] | str | None:
     if positions is None or positions == "prefill":
         return positions
     if isinstance(positions, str):
-        raise ValueError(f"positions must be an int, a sequence of ints, 'prefill' or None, got {positions!r}")
+        raise ValueError(
+            f"positions must be an int, a sequence of ints, 'prefill' or None, got {positions!r}"
+        )
     items = [positions] if isinstance(positions, int) else list(positions)
     if not items or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in items):
         raise ValueError(f"positions must be non-negative ints, got {positions!r}")
     return tuple(int(p) for p in items)
 
 
-def disable_routes(model: nn.Module, bans: dict[int, Sequence[int]], *, spare_default: bool = True,
-                   controller: RouterController | None = None) -> RouterController:
+def disable_routes(
+    model: nn.Module,
+    bans: dict[int, Sequence[int]],
+    *,
+    spare_default: bool = True,
+    controller: RouterController | None = None,
+) -> RouterController:
     """Safety-aware route disabling: routes into ``bans[layer]`` experts are disabled for every token (hard rules).
 
     With ``spare_default`` (default) an expert stays available where the unmodified router itself picks it, so
