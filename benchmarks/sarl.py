@@ -4,8 +4,14 @@ same environment, as ratios in one run.
 20 aircraft in the ``streams`` world (R = 40 NM), random instructions, with and without the Kinematic Safety
 Shield; the batched core steps 8 scenarios at once, TorchRL's wrapper (``torchrl 0.14.1``, the ``torchrl``
 package) steps one ``parallel_env`` through per-agent dicts (``rollout``). Each arm runs ``--rounds`` times,
-interleaved; the median CPU time per agent-decision is reported. Writes ``results/sarl/bench.json``; ``icml26
-report`` renders it into the README. Run: ``.venv/bin/python benchmarks/sarl.py``.
+interleaved; the median CPU time per agent-decision is reported.
+
+With the ``bluesky`` extra installed (issue #27), two more rows: the same ``--bluesky-scenarios`` recorded
+``greedy_kss`` scenarios (20 aircraft, seeds 0, 1, ...) replayed open loop in BlueSky headless
+(``sarl.bluesky_check.fly_bluesky``, step 0.5 s and BlueSky's default 0.05 s, state-based conflict detection) against
+the batched core replaying the same clearances for all of them at once; CPU time per aircraft-decision (15 s of
+flight). Writes ``results/sarl/bench.json``; ``icml26 report`` renders it into the README. Run:
+``.venv/bin/python benchmarks/sarl.py``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,64 @@ def torchrl_arm(shield: bool, steps: int) -> float:
     return elapsed / max(decisions, 1)
 
 
+def core_replay_arm(recs: list) -> float:
+    """CPU seconds per aircraft-decision of the batched core replaying the recorded clearances of ``recs``."""
+    core = AirspaceCore(
+        n_envs=len(recs), n_aircraft=N, radius_nm=R, max_steps=10_000, scenario="streams", auto_reset=False
+    )
+    core.reset(np.ones(len(recs), bool), seeds=list(range(len(recs))))
+    zeros = np.zeros((len(recs), N), int)
+    steps = max(len(r.cmd_hdg) for r in recs)
+    t0, decisions = time.process_time(), 0
+    for k in range(steps):
+        for b, r in enumerate(recs):
+            kk = min(k, len(r.cmd_hdg) - 1)
+            core.cmd_hdg[b], core.cmd_spd[b] = r.cmd_hdg[kk], r.cmd_spd[kk]
+        decisions += int(core.alive.sum())
+        core.step(zeros)
+    return (time.process_time() - t0) / max(decisions, 1)
+
+
+def bluesky_arm(recs: list, dt: float) -> float:
+    """CPU seconds per aircraft-decision of BlueSky replaying the same clearances (one scenario at a time)."""
+    from icml26.sarl.bluesky_check import fly_bluesky
+
+    elapsed, decisions = 0.0, 0
+    for r in recs:
+        # the replay loop only: BlueSky's reset and the aircraft's creation are excluded
+        elapsed += fly_bluesky(r, dt=dt, min_separation=False).cpu_s
+        decisions += int(r.alive[0 : -1 : r.substeps].sum())
+    return elapsed / max(decisions, 1)
+
+
+def bluesky_rows(n_scenarios: int, rounds: int) -> list[dict]:
+    """Rows of the batched core against BlueSky on the same recorded scenarios (needs the bluesky extra)."""
+    from icml26.common.optional import has
+
+    if not has("bluesky"):
+        print("bluesky is not installed (pip install 'icml26[bluesky]'): no BlueSky rows")
+        return []
+    from icml26.sarl.bluesky_check import bluesky, record
+
+    bluesky()  # load BlueSky (navigation data) outside the timed region
+    recs = [record(n_aircraft=N, seed=s, policy="greedy_kss", radius_nm=R) for s in range(n_scenarios)]
+    rows = []
+    core = statistics.median(core_replay_arm(recs) for _ in range(rounds)) * 1e6
+    for dt, label in ((0.5, "step 0.5 s"), (0.05, "default step 0.05 s")):
+        bsk = statistics.median(bluesky_arm(recs, dt) for _ in range(1 if dt < 0.5 else rounds)) * 1e6
+        print(f"same clearances, {label}: core {core:.1f} us, BlueSky {bsk:.1f} us per aircraft-decision")
+        rows.append(
+            bench_row(
+                f"icml26 AirspaceCore (B = {n_scenarios}), replaying greedy_kss clearances",
+                f"BlueSky 1.1.1 headless, {label}, state-based CD, same clearances",
+                round(core, 3),
+                round(bsk, 3),
+                unit="us",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -68,6 +132,7 @@ def main() -> None:
     parser.add_argument(
         "--out", default="results", help="results root; the JSON goes to <out>/sarl/bench.json"
     )
+    parser.add_argument("--bluesky-scenarios", type=int, default=2, help="0: no BlueSky rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     times: dict[tuple[str, bool], list[float]] = {}
@@ -92,12 +157,16 @@ def main() -> None:
                 unit="us",
             )
         )
+    if args.bluesky_scenarios > 0:
+        rows += bluesky_rows(args.bluesky_scenarios, args.rounds)
     write_bench(
         "sarl",
         rows,
         out_dir=args.out,
         conditions=f"{N} aircraft, streams world R = {R} NM, random instructions, {args.steps} decisions, "
-        f"median of {args.rounds} rounds, CPU time per agent-decision, one torch thread",
+        f"median of {args.rounds} rounds, CPU time per agent-decision, one torch thread; BlueSky rows: "
+        f"{args.bluesky_scenarios} recorded greedy_kss scenarios, CPU time per aircraft-decision (15 s of flight), "
+        "BlueSky at 0.05 s timed once",
     )
 
 
