@@ -67,10 +67,10 @@ def test_validator_rejections():
 def test_llm_synthesizer_parses_never_executes_and_falls_back():
     good = FakeLLM(['Here you go:\nrule x on before_action(drive.share_file)\ndetect\n'
                     '  : call.args.email in ctx.strings_from_tool_outputs\ncontain\n  - block\nend'])
-    r = LLMSynthesizer(good).synthesize(_incident(), RULE, Evaluator())
+    r = LLMSynthesizer(good, structured=False).synthesize(_incident(), RULE, Evaluator())
     assert r.name == "share__llm" and r.provenance == "llm"
     assert "drive.share_file" in good.prompts[0][0]["content"]
-    garbage = LLMSynthesizer(FakeLLM(["__import__('os').system('rm -rf /')"]))
+    garbage = LLMSynthesizer(FakeLLM(["__import__('os').system('rm -rf /')"]), structured=False)
     r2 = garbage.synthesize(_incident(), RULE, Evaluator())
     assert r2.provenance == "llm->template" and garbage.failures
     down = LLMSynthesizer(FakeLLM([]))                      # raises LLMError: out of answers

@@ -84,11 +84,13 @@ class OpenAICompatibleClient:
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
 
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 256,
-                 stop: Sequence[str] | None = None) -> Completion:
+                 stop: Sequence[str] | None = None, response_format: Mapping[str, Any] | None = None) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": _check_messages(messages),
                                 "temperature": temperature, "max_tokens": max_tokens}
         if stop:
             body["stop"] = list(stop)
+        if response_format is not None:      # structured output (a JSON schema), where the server supports it
+            body["response_format"] = dict(response_format)
         req = urllib.request.Request(f"{self.base_url}/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
@@ -116,12 +118,14 @@ class FakeLLM:
     def __init__(self, script: Mapping[str, str] | Sequence[str] | Callable[[list[dict[str, str]]], str]):
         self.script = script
         self.prompts: list[list[dict[str, str]]] = []
+        self.response_formats: list[Mapping[str, Any] | None] = []
         self._i = 0
 
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 256,
-                 stop: Sequence[str] | None = None) -> Completion:
+                 stop: Sequence[str] | None = None, response_format: Mapping[str, Any] | None = None) -> Completion:
         msgs = _check_messages(messages)
         self.prompts.append(msgs)
+        self.response_formats.append(response_format)
         if callable(self.script):
             return Completion(str(self.script(msgs)))
         if isinstance(self.script, Mapping):
@@ -152,13 +156,14 @@ class RecordReplayLLM:
         return hashlib.sha256(json.dumps([self.model, _check_messages(messages)], sort_keys=True).encode()).hexdigest()
 
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 256,
-                 stop: Sequence[str] | None = None) -> Completion:
+                 stop: Sequence[str] | None = None, response_format: Mapping[str, Any] | None = None) -> Completion:
         k = self.key(messages)
         if k in self.entries:
             return Completion(self.entries[k])
         if self.inner is None:
             raise LLMError(f"no cassette entry for this prompt in {self.path} (record it with an inner client)")
-        text = self.inner.complete(messages, temperature=temperature, max_tokens=max_tokens, stop=stop).text
+        kw = {} if response_format is None else {"response_format": response_format}
+        text = self.inner.complete(messages, temperature=temperature, max_tokens=max_tokens, stop=stop, **kw).text
         self.entries[k] = text
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:

@@ -768,18 +768,26 @@ class IncidentResponder:
         if rule is None or rule.eradicate is None or self.synthesizer is None or inc.phase == "before_action":
             return
         try:
-            candidate = self.synthesizer.synthesize(inc, rule, self.evaluator)
+            # a synthesizer may offer several candidates, most general first (lifted, then constant-bound):
+            # the first the validator accepts is kept
+            many = getattr(self.synthesizer, "candidates", None)
+            cands = list(many(inc, rule, self.evaluator)) if callable(many) else [
+                self.synthesizer.synthesize(inc, rule, self.evaluator)]
         except Exception as exc:              # a failing synthesizer (e.g. an LLM timeout) is logged, not raised
             inc.log("eradicate", error=f"{type(exc).__name__}: {exc}")
             return
-        if candidate is None:
+        cands = [c for c in cands if c is not None]
+        if not cands:
             inc.log("eradicate", accepted=False, reason="no candidate")
             return
-        verdict = self.validator.validate(candidate, inc, self.evaluator)
-        inc.log("eradicate", rule=candidate.name, accepted=verdict.accepted, reason=verdict.reason)
-        if verdict.accepted and all(r.name != candidate.name for r in self.rule_store):
-            self.rule_store.append(candidate)
-            inc.eradicated.append(candidate.name)
+        for candidate in cands:
+            verdict = self.validator.validate(candidate, inc, self.evaluator)
+            inc.log("eradicate", rule=candidate.name, accepted=verdict.accepted, reason=verdict.reason)
+            if verdict.accepted:
+                if all(r.name != candidate.name for r in self.rule_store):
+                    self.rule_store.append(candidate)
+                    inc.eradicated.append(candidate.name)
+                return
 
     def _write(self, inc: Incident) -> None:
         if self.log_path is None:
