@@ -285,6 +285,10 @@ def test_ours_text_and_describe_stat():
     assert text == "m.acc = 0.812 ± 0.0126 vs b.acc = 0.7; difference 0.112 [0.0905, 0.133]"
     assert describe_stat({"mean": 6863.0, "std": 0.0, "values": [6863.0]}) == "6863"
     assert describe_stat({"mean": 2.0, "std": 0.0, "values": [2.0, 2.0]}) == "2"
+    # all-NaN seeds read the same whether the NaNs are distinct objects (as computed) or one (as JSON reads them)
+    nan = float("nan")
+    computed = describe_stat({"mean": nan, "std": nan, "values": [float("nan"), float("nan")]})
+    assert computed == describe_stat({"mean": nan, "std": nan, "values": [nan, nan]}) == "nan ± nan"
 
 
 @settings(max_examples=60, deadline=None)

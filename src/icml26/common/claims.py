@@ -517,7 +517,8 @@ def parse_check(text: str) -> Check:
 def describe_stat(stat: Mapping[str, Any], digits: int = 3) -> str:
     """``"0.812 ± 0.014"`` from a ``{"mean", "std", "values"}`` entry (no ± for one seed or identical seeds)."""
     mean, std, values = float(stat["mean"]), float(stat["std"]), list(stat.get("values", []))
-    if len(values) <= 1 or len(set(values)) == 1:
+    # by value, not by a set: NaN never equals itself, whether the NaNs are one object (as JSON reads them) or not
+    if len(values) <= 1 or all(v == values[0] for v in values):
         return _sig(mean, digits)
     return f"{_sig(mean, digits)} ± {_sig(std, digits)}"
 
