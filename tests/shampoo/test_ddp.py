@@ -38,6 +38,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
             opt.step()
         torch.save([p.detach() for p in model.module.parameters()], f"{out_dir}/rank{rank}.pt")
+        # both ranks done before either tears gloo down (a rank exiting mid-teardown aborted once in a full run)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
