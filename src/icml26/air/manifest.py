@@ -311,6 +311,17 @@ def _t(
 
 _READ_U = _t("reads_untrusted")
 _READ = _t("reads")
+#: the calendar tools workspace and travel share (one AgentDojo calendar component)
+_CALENDAR_WRITES = {
+    "create_calendar_event": _t(
+        "persists sends_out",
+        "participants",
+        "title description",
+        "calendar.events",
+        Inverse("cancel_calendar_event", {"event_id": "created:calendar.events"}),
+    ),
+    "cancel_calendar_event": _t("destroys sends_out", "", "", "calendar.events"),
+}
 
 # --------------------------------------------------------------------------- AgentDojo v1.2.1, four suites
 AGENTDOJO: dict[str, Manifest] = {
@@ -397,14 +408,7 @@ AGENTDOJO: dict[str, Manifest] = {
             **{t: _READ for t in ("search_contacts_by_name", "search_contacts_by_email", "get_current_day")},
             "send_email": _t("sends_out irreversible", "recipients cc bcc", "subject body attachments"),
             "delete_email": _t("destroys", "", "", "inbox.emails"),
-            "create_calendar_event": _t(
-                "persists sends_out",
-                "participants",
-                "title description",
-                "calendar.events",
-                Inverse("cancel_calendar_event", {"event_id": "created:calendar.events"}),
-            ),
-            "cancel_calendar_event": _t("destroys sends_out", "", "", "calendar.events"),
+            **_CALENDAR_WRITES,
             "reschedule_calendar_event": _t(
                 "persists sends_out",
                 "",
@@ -464,14 +468,7 @@ AGENTDOJO: dict[str, Manifest] = {
                 )
             },
             "get_user_information": _READ,
-            "create_calendar_event": _t(
-                "persists sends_out",
-                "participants",
-                "title description",
-                "calendar.events",
-                Inverse("cancel_calendar_event", {"event_id": "created:calendar.events"}),
-            ),
-            "cancel_calendar_event": _t("destroys sends_out", "", "", "calendar.events"),
+            **_CALENDAR_WRITES,
             "reserve_hotel": _t("persists moves_money", "hotel", "", "reservation"),
             "reserve_car_rental": _t("persists moves_money", "company", "", "reservation"),
             "reserve_restaurant": _t("persists moves_money", "restaurant", "", "reservation"),
