@@ -170,3 +170,44 @@ def test_mode_help_describes_the_presets(capsys):
     assert main(["reproduce", "--help"]) == 0
     out = capsys.readouterr().out
     assert "smoke" in out and "under 2 minutes" in out and "15 minutes" in out
+
+
+def _clear_llm_environment(monkeypatch):
+    """Unset ICML26_LLM_* for the test and restore them after (setenv first, so teardown also removes what the CLI
+    exports)."""
+    for name in ("ENDPOINT", "MODEL", "TIMEOUT"):
+        monkeypatch.setenv(f"ICML26_LLM_{name}", "")
+        monkeypatch.delenv(f"ICML26_LLM_{name}")
+
+
+def test_reproduce_llm_options_reach_the_experiment_as_environment(capsys, monkeypatch, tmp_path):
+    import os
+
+    _clear_llm_environment(monkeypatch)
+    seen = {}
+
+    from .helpers import demo_experiment
+
+    good = demo_experiment().run
+
+    def run(cfg):
+        seen.update({k: os.environ.get(f"ICML26_LLM_{k}") for k in ("ENDPOINT", "MODEL", "TIMEOUT")})
+        return good(cfg)
+
+    _demo_cli(monkeypatch, tmp_path, run)
+    argv = ["reproduce", "demo", "--out", str(tmp_path / "r"), "--llm-endpoint", "http://127.0.0.1:9/v1",
+            "--llm-model", "m", "--llm-timeout", "5"]
+    assert main(argv) == 0
+    assert seen == {"ENDPOINT": "http://127.0.0.1:9/v1", "MODEL": "m", "TIMEOUT": "5.0"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--llm-endpoint", "http://x/v1"], "--llm-endpoint needs a model name"),
+    (["--llm-model", "m"], "need an endpoint"),
+    (["--llm-endpoint", "http://x/v1", "--llm-model", "m", "--llm-timeout", "0"], "--llm-timeout must be a positive"),
+])
+def test_reproduce_bad_llm_options_exit_2(extra, message, capsys, monkeypatch, tmp_path):
+    _clear_llm_environment(monkeypatch)
+    _demo_cli(monkeypatch, tmp_path, None)
+    assert main(["reproduce", "demo", "--out", str(tmp_path / "r"), *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -46,6 +46,28 @@ Results go to OUT/<slug>/<mode>.json; plots beside them. Run from a clean commit
 EXIT_FAILED, EXIT_USAGE, EXIT_OS, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
+def _add_llm_options(parser: argparse.ArgumentParser, used_for: str) -> None:
+    parser.add_argument("--llm-endpoint", default=None,
+                        help=f"OpenAI-compatible base URL for {used_for}(default: $ICML26_LLM_ENDPOINT)")
+    parser.add_argument("--llm-model", default=None, help="model name (default: $ICML26_LLM_MODEL)")
+    parser.add_argument("--llm-timeout", type=float, default=None,
+                        help="seconds per LLM call (default: $ICML26_LLM_TIMEOUT or 30)")
+
+
+def _export_llm_options(args: argparse.Namespace) -> None:
+    """Put ``--llm-*`` into ``ICML26_LLM_*`` so an experiment reads them (``air.llm.client_from_config``)."""
+    if args.llm_timeout is not None and not args.llm_timeout > 0:
+        raise ValueError(f"--llm-timeout must be a positive number of seconds, got {args.llm_timeout}")
+    if args.llm_endpoint and not (args.llm_model or os.environ.get("ICML26_LLM_MODEL")):
+        raise ValueError("--llm-endpoint needs a model name (--llm-model or ICML26_LLM_MODEL)")
+    if (args.llm_model or args.llm_timeout is not None) and not (args.llm_endpoint
+                                                                 or os.environ.get("ICML26_LLM_ENDPOINT")):
+        raise ValueError("--llm-model/--llm-timeout need an endpoint (--llm-endpoint or ICML26_LLM_ENDPOINT)")
+    for name, value in (("ENDPOINT", args.llm_endpoint), ("MODEL", args.llm_model), ("TIMEOUT", args.llm_timeout)):
+        if value is not None:
+            os.environ[f"ICML26_LLM_{name}"] = str(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icml26", description="Working implementations and CPU-scale reproductions of ICML 2026 papers.")
@@ -69,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "paper); see below")
     p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
     p_rep.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
+    _add_llm_options(p_rep, "AIR's semantic(...) checks and LLM rule synthesis; other papers ignore it. ")
 
     p_report = sub.add_parser("report", help="regenerate the README tables from results/")
     p_report.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
@@ -85,11 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_proxy.add_argument("--rules", type=Path, required=True, help="AIR rule file")
     p_proxy.add_argument("--task", default="", help="the user's task, for context rules")
     p_proxy.add_argument("--log", type=Path, default=None, help="append incidents as JSON lines here")
-    p_proxy.add_argument("--llm-endpoint", default=None,
-                         help="OpenAI-compatible base URL for semantic(...) checks (default: $ICML26_LLM_ENDPOINT)")
-    p_proxy.add_argument("--llm-model", default=None, help="model name (default: $ICML26_LLM_MODEL)")
-    p_proxy.add_argument("--llm-timeout", type=float, default=None,
-                         help="seconds per LLM call (default: $ICML26_LLM_TIMEOUT or 30)")
+    _add_llm_options(p_proxy, "semantic(...) checks. ")
     p_proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... of the upstream server")
     return parser
 
@@ -196,6 +215,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     else:
         print("error: name the papers to reproduce, or --all for every implemented one "
               "(this overwrites OUT/<slug>/<mode>.json)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        _export_llm_options(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         check_writable(args.out)
