@@ -67,6 +67,99 @@ def torchrl_arm(shield: bool, steps: int) -> float:
     return elapsed / max(decisions, 1)
 
 
+def make_wrapped_env():
+    """TorchRL's PettingZooWrapper around the 20-aircraft shielded streams env (module level: picklable)."""
+    from torchrl.envs.libs.pettingzoo import PettingZooWrapper
+
+    return PettingZooWrapper(
+        parallel_env(
+            n_aircraft=N, shield=True, seed=0, scenario="streams", radius_nm=R, max_steps=max_steps(N, R)
+        ),
+        use_mask=True,
+        categorical_actions=True,
+        return_state=False,
+    )
+
+
+def collector_rows(frames: int) -> list[dict]:
+    """Wall time per agent-decision of TorchRL's collectors over ``PettingZooWrapper(parallel_env(shield=True))``
+    (``Collector`` in one process, and ``MultiSyncCollector`` with 2 worker processes), against the batched core with the shield
+    in one process (issue #27 item 2: multi-process collectors for full mode). Random instructions; the first batch
+    (worker start-up) is excluded."""
+    from torchrl.collectors import Collector, MultiSyncCollector
+
+    make = make_wrapped_env
+
+    def run(col) -> float:
+        t1, decisions = None, 0
+        for td in col:
+            if t1 is None:
+                t1 = time.perf_counter()
+                continue
+            group = next(
+                k for k in td.keys() if k not in ("done", "terminated", "truncated", "next", "collector")
+            )
+            decisions += int(td[group]["mask"].sum()) if "mask" in td[group].keys() else td.numel() * N
+        col.shutdown()
+        return (time.perf_counter() - t1) / max(decisions, 1) * 1e6
+
+    per_batch = max(frames // 5, 10)
+    single = run(Collector(make, policy=None, frames_per_batch=per_batch, total_frames=frames))
+    multi = run(
+        MultiSyncCollector([make, make], policy=None, frames_per_batch=per_batch, total_frames=frames)
+    )
+    core = AirspaceCore(
+        n_envs=B, n_aircraft=N, radius_nm=R, max_steps=max_steps(N, R), scenario="streams", seed=0
+    )
+    ks, rng = KinematicSafetyShield(core), np.random.default_rng(0)
+    t0, decisions = time.perf_counter(), 0
+    for _ in range(40):
+        a, _ = ks.filter(rng.integers(0, 8, (B, N)))
+        decisions += int(core.alive.sum())
+        core.step(a)
+    core_wall = (time.perf_counter() - t0) / max(decisions, 1) * 1e6
+    print(
+        f"collectors (wall per agent-decision): sync {single:.1f} us, 2 workers {multi:.1f} us, core {core_wall:.1f} us"
+    )
+    return [
+        bench_row(
+            f"icml26 AirspaceCore (B = {B}), with shield, one process, wall",
+            f"TorchRL {name} over PettingZooWrapper, with shield, wall",
+            round(core_wall, 3),
+            round(value, 3),
+            unit="us",
+        )
+        for name, value in (("Collector", single), ("MultiSyncCollector (2 worker processes)", multi))
+    ]
+
+
+def planner_row(decisions: int) -> dict:
+    """CPU time per agent-decision of the ceiling arm (``LookaheadPlanner``, then the shield) against
+    ``greedy_kss`` on the same 20-aircraft streams scenarios."""
+    from icml26.sarl.planner import LookaheadPlanner, greedy_kss_actions
+
+    out = {}
+    for name, act in (("greedy_kss", greedy_kss_actions), ("planner", LookaheadPlanner())):
+        core = AirspaceCore(
+            n_envs=B, n_aircraft=N, radius_nm=R, max_steps=max_steps(N, R), scenario="streams", seed=0
+        )
+        ks = KinematicSafetyShield(core)
+        t0, n = time.process_time(), 0
+        for _ in range(decisions):
+            a, _ = ks.filter(act(core))
+            n += int(core.alive.sum())
+            core.step(a)
+        out[name] = (time.process_time() - t0) / max(n, 1) * 1e6
+    print(f"planner {out['planner']:.1f} us, greedy_kss {out['greedy_kss']:.1f} us per agent-decision")
+    return bench_row(
+        f"ceiling arm: LookaheadPlanner (horizon 4, 3 aircraft) + shield, B = {B}",
+        f"greedy_kss (direct-to + shield), B = {B}",
+        round(out["planner"], 3),
+        round(out["greedy_kss"], 3),
+        unit="us",
+    )
+
+
 def core_replay_arm(recs: list) -> float:
     """CPU seconds per aircraft-decision of the batched core replaying the recorded clearances of ``recs``."""
     core = AirspaceCore(
@@ -133,6 +226,9 @@ def main() -> None:
         "--out", default="results", help="results root; the JSON goes to <out>/sarl/bench.json"
     )
     parser.add_argument("--bluesky-scenarios", type=int, default=2, help="0: no BlueSky rows")
+    parser.add_argument(
+        "--collector-frames", type=int, default=500, help="frames per TorchRL collector run (0: no rows)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     times: dict[tuple[str, bool], list[float]] = {}
@@ -157,6 +253,9 @@ def main() -> None:
                 unit="us",
             )
         )
+    rows.append(planner_row(args.steps))
+    if args.collector_frames > 0:
+        rows += collector_rows(args.collector_frames)
     if args.bluesky_scenarios > 0:
         rows += bluesky_rows(args.bluesky_scenarios, args.rounds)
     write_bench(
@@ -166,7 +265,9 @@ def main() -> None:
         conditions=f"{N} aircraft, streams world R = {R} NM, random instructions, {args.steps} decisions, "
         f"median of {args.rounds} rounds, CPU time per agent-decision, one torch thread; BlueSky rows: "
         f"{args.bluesky_scenarios} recorded greedy_kss scenarios, CPU time per aircraft-decision (15 s of flight), "
-        "BlueSky at 0.05 s timed once",
+        f"BlueSky at 0.05 s timed once; ceiling-arm row: CPU time per agent-decision over {args.steps} decisions; "
+        f"collector rows: WALL time per agent-decision over {args.collector_frames} frames after the first batch, "
+        "2 CPU cores shared by every process",
     )
 
 

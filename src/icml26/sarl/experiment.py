@@ -76,13 +76,34 @@ class Config:
     """generalisation scales (same sector)"""
     radius_nm: float = 40.0
     """sector radius"""
+    curve_points: int = 0
+    """validation evaluations per learned arm during training (seed 0 only; 0 = none): the learning curve"""
+    curve_episodes: int = 8
+    """validation scenarios per learning-curve point (drawn apart from the evaluation scenarios)"""
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(budget=1_500, n_envs=4, rollout=8, eval_episodes=4, eval_episodes_scales=2, scales=(30,)),
-    "quick": Config(budget=5_000, rollout=16, eval_episodes=16, eval_episodes_scales=6),
-    "full": Config(budget=12_000, eval_episodes=32, eval_episodes_scales=12),
+    "smoke": Config(
+        budget=1_500,
+        n_envs=4,
+        rollout=8,
+        eval_episodes=4,
+        eval_episodes_scales=2,
+        scales=(30,),
+        curve_points=1,
+        curve_episodes=2,
+    ),
+    # quick: no learning curve, 4 episodes per generalisation scale (quick's CPU time stays under 2 minutes)
+    "quick": Config(budget=5_000, rollout=16, eval_episodes=16, eval_episodes_scales=4),
+    # budget from the learning curves (README, "Training budget"): every learned arm's validation success stops
+    # rising by about 15k agent-samples in a pilot run; 24k per arm with 16-decision rollouts (as quick) fits the
+    # full preset's time limit
+    "full": Config(budget=24_000, rollout=16, eval_episodes=32, eval_episodes_scales=12, curve_points=6),
 }
+
+#: validation scenarios for the learning curves: seeds (VALIDATION_SEED + N, i), disjoint from the evaluation
+#: scenarios (50000 + seed + N, i) and the training stream
+VALIDATION_SEED = 90_000
 
 
 def max_steps(n: int, radius_nm: float) -> int:
@@ -137,7 +158,41 @@ def run(cfg: Config) -> SeedRun:
         "sarl_no_shield": (SARLPolicy(), "graph", False),
     }
     curves = {}
+    val_curves: dict[str, list[tuple[float, float]]] = {}
+    val_core = _core(cfg.eval_n, VALIDATION_SEED, min(cfg.curve_episodes, 16), cfg.radius_nm)
+    val_seeds = [(VALIDATION_SEED + cfg.eval_n, i) for i in range(cfg.curve_episodes)]
+    with_curve = cfg.curve_points > 0 and cfg.seed == 0
+
+    def validation_success(act: Callable[[AirspaceCore], np.ndarray], shielded: bool) -> float:
+        eps = evaluate_episodes(act, val_core, episode_seeds=val_seeds, shield_eval=shielded)
+        return float(np.mean([e["success"] for e in eps]))
+
+    if with_curve:
+        val_curves["greedy_kss"] = [(0.0, validation_success(greedy_direct, True))]
     for name, (policy, kind, shielded) in methods.items():
+        marks = (
+            [cfg.budget * (k + 1) / cfg.curve_points for k in range(cfg.curve_points)] if with_curve else []
+        )
+        points: list[tuple[float, float]] = []
+
+        def on_update(
+            _it: int,
+            h: dict[str, float],
+            policy=policy,
+            kind=kind,
+            shielded=shielded,
+            points=points,
+            marks=marks,
+        ) -> dict[str, float] | None:
+            # the learning curve: greedy success on validation scenarios, evaluated as the arm is evaluated
+            if marks and h["agent_steps"] >= marks[0]:
+                while marks and h["agent_steps"] >= marks[0]:
+                    marks.pop(0)
+                s = validation_success(greedy_policy(policy, kind, shield_mask=shielded), shielded)
+                points.append((h["agent_steps"], s))
+                return {"val_success": s}
+            return None
+
         hist = train(
             policy,
             kind,
@@ -147,8 +202,11 @@ def run(cfg: Config) -> SeedRun:
             seed=cfg.seed,
             shield_train=shielded,
             desc=f"sarl seed {cfg.seed} {name}",
+            callback=on_update if with_curve else None,
         )
         curves[name] = [(h["agent_steps"], h["reward"]) for h in hist]
+        if with_curve:
+            val_curves[name] = points
     arms: dict[str, tuple[Callable[[AirspaceCore], np.ndarray], bool]] = {
         "fly_straight": (fly_straight, False),
         "greedy_kss": (greedy_direct, True),
@@ -178,13 +236,26 @@ def run(cfg: Config) -> SeedRun:
             m, u = episode_metrics(eps, suffix)
             metrics[name].update(m)
             units.setdefault("episodes" + suffix, {})[name] = u
-    return SeedRun(metrics, series={"curves": curves, "scales": [n for n, _, _ in scales]}, units=units)
+    series = {"curves": curves, "val_curves": val_curves, "scales": [n for n, _, _ in scales]}
+    return SeedRun(metrics, series=series, units=units)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Rollout reward against agent-samples (first seed); success and conflict-free share against N per arm
-    (generalisation across aircraft counts)."""
-    fig, (ax, bx, cx) = new_figure(1, 3, figsize=(14, 3.8))
+    """Rollout reward and validation success (the learning curves) against agent-samples (first seed); success and
+    conflict-free share against N per arm (generalisation across aircraft counts)."""
+    fig, (ax, vx, bx, cx) = new_figure(1, 4, figsize=(18, 3.8))
+    val = runs[0].series.get("val_curves", {})
+    for name, curve in val.items():
+        if name == "greedy_kss":
+            vx.axhline(curve[0][1], color="k", ls="--", lw=1, label="greedy_kss")
+        elif curve:
+            vx.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
+    vx.set_xlabel("agent-samples")
+    vx.set_ylabel("validation success (N = 20)")
+    if val:
+        vx.legend(fontsize=7)
+    else:
+        vx.set_title("no learning curve in this mode", fontsize=8)
     for name, curve in runs[0].series["curves"].items():
         if curve:
             ax.plot([c[0] for c in curve], [c[1] for c in curve], label=name)

@@ -6,6 +6,10 @@ slot reused after a reset); empty slots are masked out of every loss. With ``shi
 Shield's safe set masks the logits (preemptive shield) and the mask is stored with the observation, so the PPO
 ratio is computed under the same mask. Budgets are counted in agent-samples (live aircraft decisions).
 
+The rollouts are this package's (batched over scenarios and aircraft); the advantages and the clipped PPO loss are
+TorchRL's (``MultiAgentGAE`` and ``MAPPOLoss``, ``sarl.torchrl_loss``; the ``marl`` extra). The hand-written
+``gae_advantages`` here and ``sarl.reference.ppo_loss_reference`` are the references they are tested against.
+
 Example:
     >>> from icml26.sarl.policy import KNNMLPPolicy
     >>> cfg = PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=1)
@@ -82,7 +86,8 @@ def gae_advantages(
     ``A_t = delta_t + gamma lam (1 - d_t) A_{t+1}``, ``delta_t = r_t + gamma (1 - d_t) V_{t+1} - V_t`` (Schulman et
     al. 2016, eq. 16, with episode ends ``d_t``), ``V_T`` = ``last_value``; a slot that is empty at t gets 0 and
     passes nothing back, so an estimate never crosses a slot reused after a reset. Tested against TorchRL's
-    ``generalized_advantage_estimate``.
+    ``generalized_advantage_estimate``; training uses TorchRL's ``MultiAgentGAE`` module (``sarl.torchrl_loss.gae_torchrl``), tested
+    equal to this function.
     """
     adv = torch.zeros_like(rew)
     gae = torch.zeros_like(rew[0])
@@ -111,8 +116,15 @@ def train(
     seed: int = 0,
     shield_train: bool = False,
     desc: str | None = None,
+    callback: Callable[[int, dict[str, float]], dict[str, float] | None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``policy`` for ``total_agent_steps`` agent-samples; returns per-iteration statistics."""
+    """Train ``policy`` for ``total_agent_steps`` agent-samples; returns per-iteration statistics.
+
+    The PPO loss is TorchRL's ``MAPPOLoss`` (clipped PPO, centralised critic) and the advantages TorchRL's
+    ``MultiAgentGAE`` (``sarl.torchrl_loss``), over this package's batched rollouts. ``callback(iteration, stats)``, called after every PPO
+    update (e.g. an evaluation on validation scenarios for a learning curve), may return entries added to that
+    iteration's statistics.
+    """
     if kind not in ("graph", "knn"):
         raise ValueError(f"kind must be 'graph' or 'knn', got {kind!r}")
     torch.manual_seed(seed)
@@ -120,6 +132,11 @@ def train(
     core = make_core()
     shield = KinematicSafetyShield(core) if shield_train else None
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    from . import torchrl_loss  # TorchRL (the marl extra), imported only to train
+
+    loss_fn = torchrl_loss.PPOLossTorchRL(
+        policy, kind, clip=cfg.clip, value_coef=cfg.value_coef, entropy=cfg.entropy
+    )
     history: list[dict[str, float]] = []
     steps = 0
     bar = progress(total=total_agent_steps, desc=desc) if desc else None
@@ -155,49 +172,45 @@ def train(
         steps += n_new
         if bar is not None:
             bar.update(n_new)
-        # GAE per slot
+        # GAE per slot, through TorchRL's GAE module (empty slots pass nothing back)
         rew, val, done, alive = (torch.stack(buf[k]) for k in ("rew", "val", "done", "alive"))
-        adv = gae_advantages(rew, val, done, alive, last_value, cfg.gamma, cfg.lam)
-        ret = adv + val
+        adv, ret = torchrl_loss.gae_torchrl(rew, val, done, alive, last_value, cfg.gamma, cfg.lam)
         live = alive.float()
         a_mean = (adv * live).sum() / live.sum().clamp(min=1)
         a_std = (((adv - a_mean) ** 2 * live).sum() / live.sum().clamp(min=1)).sqrt().clamp(min=1e-6)
         adv = (adv - a_mean) / a_std
-        # PPO epochs over minibatches of whole scenes
+        # PPO epochs over minibatches of whole scenes; the loss is TorchRL's MAPPOLoss (centralised critic)
         policy.train()
-        scenes = [(t, b) for t in range(cfg.rollout) for b in range(core.B)]
+        flat = {k: torch.stack([o[k] for o in buf["obs"]]).flatten(0, 1) for k in buf["obs"][0]}
+        amask_f, act_f, logp_f = (torch.stack(buf[k]).flatten(0, 1) for k in ("amask", "act", "logp"))
+        # an empty slot keeps every action (its terms are masked out; a fully masked row would be undefined)
+        amask_f = amask_f | ~alive.flatten(0, 1)[..., None]
+        adv_f, ret_f, live_f = adv.flatten(0, 1), ret.flatten(0, 1), alive.flatten(0, 1)
         stats: dict[str, list[float]] = {"policy": [], "value": [], "entropy": [], "aux": []}
         for _ in range(cfg.epochs):
-            order = torch.randperm(len(scenes), generator=gen)
-            for chunk in order.chunk(cfg.minibatches):
-                ts = torch.tensor([scenes[i][0] for i in chunk])
-                bs = torch.tensor([scenes[i][1] for i in chunk])
-                obs = {
-                    k: torch.stack([buf["obs"][int(t)][k][int(b)] for t, b in zip(ts, bs, strict=True)])
-                    for k in buf["obs"][0]
-                }
-                logits, value, aux = forward(policy, kind, obs)
-                amask = torch.stack([buf["amask"][int(t)][int(b)] for t, b in zip(ts, bs, strict=True)])
-                dist = torch.distributions.Categorical(logits=_masked_logits(logits, amask))
-                act = torch.stack([buf["act"][int(t)][int(b)] for t, b in zip(ts, bs, strict=True)])
-                old = torch.stack([buf["logp"][int(t)][int(b)] for t, b in zip(ts, bs, strict=True)])
-                m = live[ts, bs]
-                a_mb, r_mb = adv[ts, bs], ret[ts, bs]
-                ratio = torch.exp(dist.log_prob(act) - old)
-                pg = -torch.min(ratio * a_mb, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a_mb)
-                n = m.sum().clamp(min=1)
-                pol_loss = (pg * m).sum() / n
-                v_loss = (((value - r_mb) ** 2) * m).sum() / n
-                ent = (dist.entropy() * m).sum() / n
-                loss = pol_loss + cfg.value_coef * v_loss - cfg.entropy * ent + cfg.aux_coef * aux
+            order = torch.randperm(act_f.shape[0], generator=gen)
+            for idx in order.chunk(cfg.minibatches):
+                td = torchrl_loss.pack_batch(
+                    {k: v[idx] for k, v in flat.items()},
+                    amask_f[idx],
+                    act_f[idx],
+                    logp_f[idx],
+                    adv_f[idx],
+                    ret_f[idx],
+                )
+                ppo_loss, parts = loss_fn(td, live_f[idx])
+                aux = parts["aux"]
+                loss = ppo_loss + cfg.aux_coef * aux
                 if not torch.isfinite(loss):
                     raise FloatingPointError("PPO loss is not finite")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
                 opt.step()
-                for k, v in (("policy", pol_loss), ("value", v_loss), ("entropy", ent), ("aux", aux)):
-                    stats[k].append(float(v.detach()))
+                stats["policy"].append(float(parts["policy"].detach()))
+                stats["value"].append(float(parts["value_loss"].detach()) / cfg.value_coef)
+                stats["entropy"].append(-float(parts["entropy_loss"].detach()) / max(cfg.entropy, 1e-12))
+                stats["aux"].append(float(aux.detach()))
         done_eps = core.finished[-64:]
         history.append(
             {
@@ -208,6 +221,8 @@ def train(
                 "reward": float((rew * live).sum() / live.sum().clamp(min=1)),
             }
         )
+        if callback is not None:
+            history[-1].update(callback(len(history) - 1, history[-1]) or {})
     if bar is not None:
         bar.close()
     return history
