@@ -6,8 +6,11 @@
 2. AgentDojo's workspace suite (its largest state, about 113 KB as AIR sees it): every user task's ground-truth
    tool calls through AgentDojo's own ``FunctionsRuntime`` (results to text as its pipeline does), once bare and
    once inside AIR's hooks
-   (``before_step``, ``before_action``, ``after_action``) with the banking and slack rules and the adapter's state
-   provider. Per-call time = task wall time / tool calls (environment loading excluded).
+   (``before_step``, ``before_action``, ``after_action``) with the adapter's state provider (``DictState(...,
+   cache=True)``: one ``model_dump`` per tool call, copy-on-write), twice: with the banking and slack rules (the
+   earlier benchmark's setting) and with the generic rules over the workspace manifest (what the AgentDojo v2
+   protocol runs; their false positives on benign ground truth make incidents, whose evidence is bound too).
+   Per-call time = task wall time / tool calls (environment loading excluded).
 
 ``--rounds`` interleaved repeats, medians, one thread.
 Writes ``results/air/bench.json`` (the README's benchmark table is generated from it by ``icml26 report``).
@@ -32,8 +35,10 @@ from icml26.common.bench import bench_row, write_bench
 from icml26.common.repro import set_threads
 
 
-def agentdojo_workspace(rounds: int) -> tuple[float, float, float]:
-    """``(ms per tool call with AIR, without, state KB)`` on AgentDojo's workspace suite (medians over rounds)."""
+def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True) -> tuple[float, float, float]:
+    """``(ms per tool call with AIR, without, state KB)`` on AgentDojo's workspace suite (medians over rounds);
+    ``generic``: the generic rules over the workspace manifest instead of the banking and slack rules;
+    ``named``: the responder's ``named_entities`` (names, amounts and identifiers in the taint)."""
     import json
 
     from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
@@ -45,7 +50,14 @@ def agentdojo_workspace(rounds: int) -> tuple[float, float, float]:
 
     suite = get_suite(BENCHMARK_VERSION, "workspace")
     runtime = FunctionsRuntime(suite.tools)
-    rules = RuleSet([*builtin_rules("agentdojo_banking"), *builtin_rules("agentdojo_slack")])
+    from icml26.air.manifest import AGENTDOJO
+
+    manifest = AGENTDOJO["workspace"] if generic else None
+    rules = (
+        builtin_rules("generic")
+        if generic
+        else RuleSet([*builtin_rules("agentdojo_banking"), *builtin_rules("agentdojo_slack")])
+    )
     tasks = [suite.user_tasks[k] for k in sorted(suite.user_tasks, key=lambda k: int(k.rsplit("_", 1)[-1]))]
     state_kb = len(json.dumps(view(suite.load_and_inject_default_environment({})))) / 1024
     per_call: dict[str, list[float]] = {"without AIR": [], "with AIR": []}
@@ -57,7 +69,12 @@ def agentdojo_workspace(rounds: int) -> tuple[float, float, float]:
                 plan = list(ut.ground_truth(env))
                 air = None
                 if arm == "with AIR":
-                    air = IncidentResponder(rules, DictState(lambda env=env: view(env), fresh=True))
+                    air = IncidentResponder(
+                        rules,
+                        DictState(lambda env=env: view(env), cache=True),
+                        manifest=manifest,
+                        named_entities=named,
+                    )
                     air.begin(ut.PROMPT)
                 t0 = time.perf_counter()
                 for fc in plan:
@@ -67,7 +84,9 @@ def agentdojo_workspace(rounds: int) -> tuple[float, float, float]:
                         if not air.before_action(call).allowed:
                             continue
                     result, error = runtime.run_function(env, fc.function, dict(fc.args))
-                    text = tool_result_to_str(result) if error is None else f"error: {error}"  # as the pipeline
+                    text = (
+                        tool_result_to_str(result) if error is None else f"error: {error}"
+                    )  # as the pipeline
                     if air is not None:
                         air.after_action(call, text)
                 total += time.perf_counter() - t0
@@ -91,8 +110,12 @@ def main() -> None:
             for agent in AGENT_TYPES:
                 air = None
                 if arm == "with AIR":
-                    air = IncidentResponder(builtin_rules(agent), DictState(dict), synthesizer=TemplateSynthesizer(),
-                                            validator=RuleValidator([]))
+                    air = IncidentResponder(
+                        builtin_rules(agent),
+                        DictState(dict),
+                        synthesizer=TemplateSynthesizer(),
+                        validator=RuleValidator([]),
+                    )
                 rng = np.random.default_rng(0)
                 for s in scenarios(agent):
                     t0 = time.perf_counter()
@@ -104,25 +127,85 @@ def main() -> None:
             per_step[arm].append(1000 * total / steps)
     base, air_ms = statistics.median(per_step["without AIR"]), statistics.median(per_step["with AIR"])
     added = air_ms - base
-    conditions = (f"{n_episodes} episodes of the three embedded agent types, scripted agent (no LLM in the loop), "
-                  f"{args.rounds} interleaved rounds, medians, one thread. The goal is under 5 ms added per agent "
-                  "step; the ratio is against a loop with no LLM in it, so it overstates what a user of an LLM agent "
-                  "feels (an LLM call takes hundreds of ms).")
-    rows = [bench_row("scripted agent + AIR (8 rules per type, no LLM): time per agent step",
-                      "the same scripted loop without AIR", air_ms, base, unit="ms", added_ms_per_step=round(added, 4),
-                      hook_ms=round(statistics.median(hook_ms), 4))]
+    conditions = (
+        f"{n_episodes} episodes of the three embedded agent types, scripted agent (no LLM in the loop), "
+        f"{args.rounds} interleaved rounds, medians, one thread. The goal is under 5 ms added per agent "
+        "step; the ratio is against a loop with no LLM in it, so it overstates what a user of an LLM agent "
+        "feels (an LLM call takes hundreds of ms)."
+    )
+    rows = [
+        bench_row(
+            "scripted agent + AIR (8 rules per type, no LLM): time per agent step",
+            "the same scripted loop without AIR",
+            air_ms,
+            base,
+            unit="ms",
+            added_ms_per_step=round(added, 4),
+            hook_ms=round(statistics.median(hook_ms), 4),
+        )
+    ]
     ws_air, ws_base, ws_kb = agentdojo_workspace(args.rounds)
-    rows.append(bench_row("AgentDojo workspace, ground-truth tool calls + AIR hooks: time per tool call",
-                          "the same tool calls through AgentDojo's runtime without AIR", ws_air, ws_base, unit="ms",
-                          added_ms_per_call=round(ws_air - ws_base, 4), state_kb=round(ws_kb, 1)))
-    conditions += (" AgentDojo workspace: every user task's ground-truth calls, the banking and slack rules, the "
-                   "adapter's state view rebuilt by AIR once per call (the goal is under 1 ms added per call).")
+    rows.append(
+        bench_row(
+            "AgentDojo workspace, ground-truth tool calls + AIR hooks: time per tool call",
+            "the same tool calls through AgentDojo's runtime without AIR",
+            ws_air,
+            ws_base,
+            unit="ms",
+            added_ms_per_call=round(ws_air - ws_base, 4),
+            state_kb=round(ws_kb, 1),
+        )
+    )
+    g_air, g_base, _ = agentdojo_workspace(args.rounds, generic=True)
+    rows.append(
+        bench_row(
+            "AgentDojo workspace, ground-truth tool calls + AIR hooks, generic rules + manifest: time "
+            "per tool call",
+            "the same tool calls through AgentDojo's runtime without AIR",
+            g_air,
+            g_base,
+            unit="ms",
+            added_ms_per_call=round(g_air - g_base, 4),
+            state_kb=round(ws_kb, 1),
+        )
+    )
+    n_air, n_base, _ = agentdojo_workspace(args.rounds, named=False)
+    rows.append(
+        bench_row(
+            "AgentDojo workspace, ground-truth tool calls + AIR hooks, named_entities=False: time per tool call",
+            "the same tool calls through AgentDojo's runtime without AIR",
+            n_air,
+            n_base,
+            unit="ms",
+            added_ms_per_call=round(n_air - n_base, 4),
+            state_kb=round(ws_kb, 1),
+        )
+    )
+    conditions += (
+        " AgentDojo workspace: every user task's ground-truth calls, with the banking and slack rules, with the "
+        "generic rules over the workspace manifest, and with the banking and slack rules without the named-entity "
+        "taint (named_entities=False: addresses, links, domains and accounts only); the adapter's cached state view "
+        "(DictState(cache=True): one model_dump per tool call, reused by every hook until the next call "
+        "runs; the goal is under 1 ms added per call)."
+    )
     path = write_bench("air", rows, conditions=conditions, out_dir=args.out)
     print(f"{n_episodes} episodes, {args.rounds} rounds, medians, one thread")
-    print(f"per agent step: {base:.3f} ms without AIR, {air_ms:.3f} ms with AIR (ratio {air_ms / base:.1f}); "
-          f"added {added:.3f} ms (goal: under 5 ms); per hook call {statistics.median(hook_ms):.3f} ms")
-    print(f"AgentDojo workspace ({ws_kb:.0f} KB state): {ws_base:.3f} ms per tool call without AIR, {ws_air:.3f} ms "
-          f"with AIR; added {ws_air - ws_base:.3f} ms (goal: under 1 ms)")
+    print(
+        f"per agent step: {base:.3f} ms without AIR, {air_ms:.3f} ms with AIR (ratio {air_ms / base:.1f}); "
+        f"added {added:.3f} ms (goal: under 5 ms); per hook call {statistics.median(hook_ms):.3f} ms"
+    )
+    print(
+        f"AgentDojo workspace ({ws_kb:.0f} KB state): {ws_base:.3f} ms per tool call without AIR, {ws_air:.3f} ms "
+        f"with AIR; added {ws_air - ws_base:.3f} ms (goal: under 1 ms)"
+    )
+    print(
+        f"  generic rules + manifest: {g_base:.3f} ms without AIR, {g_air:.3f} ms with AIR; added "
+        f"{g_air - g_base:.3f} ms (goal: under 1 ms)"
+    )
+    print(
+        f"  named_entities=False: {n_base:.3f} ms without AIR, {n_air:.3f} ms with AIR; added "
+        f"{n_air - n_base:.3f} ms (goal: under 1 ms)"
+    )
     print(f"wrote {path}")
 
 

@@ -194,6 +194,22 @@ def entities(value: Any) -> set[str]:
         ...                  "notes.txt"]))
         ['de89370400440532013000', 'eve@evil.io', 'www.evil.io/x']
     """
+    out: set[str] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out |= string_entities(v)
+        elif isinstance(v, Mapping):
+            stack += list(v.values())
+        elif isinstance(v, list | tuple | set):
+            stack += list(v)
+    return out
+
+
+def string_entities(text: str, deobfuscated: str | None = None) -> set[str]:
+    """:func:`entities` of one string (``deobfuscated``: ``deobfuscate(text[:MAX_ENTITY_SCAN])`` when the caller
+    has it already)."""
     global _ENTITY
     from .responder import deobfuscate, normalize
 
@@ -205,20 +221,141 @@ def entities(value: Any) -> set[str]:
             r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|ch|de|uk|info|biz|xyz|fr|it)\b"
             r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
         )
+    d = deobfuscate(text[:MAX_ENTITY_SCAN]) if deobfuscated is None else deobfuscated
+    out: set[str] = set()
+    for m in _ENTITY.findall(d):
+        m = m.rstrip(".,;:!?)]}>\"'`")
+        if " " in m and "@" not in m and "/" not in m:      # an account number written in groups
+            m = m.replace(" ", "")
+        out.add(normalize(m))
+    return out
+
+
+# issue #36 item 2, entity-aware provenance: the names, amounts and identifiers a tool output introduces (a hotel,
+# a restaurant, a person or company to pay, an amount, a booking or order code), beside the parties above.
+# One pattern, three groups, leftmost-first: an amount with a currency, a proper name (two to five capitalised
+# words on one line, Latin, Greek or Cyrillic script, "of"/"de la"/"&"-style connectors allowed; a leading
+# salutation or verb such as "Dear" or "Book" also gives the name without it), an identifier of 5 to 64
+# characters (letters and digits mixed, or 5+ digits, or "#123").
+# RE2 (linear time), run on the UTF-8 bytes and without capturing groups (the kind is read from the match, below):
+# on ``str`` the binding converts character and byte offsets at every match, and submatches need RE2's slower
+# engines; together they tripled the scan's cost on AgentDojo outputs.
+_NAMED = None
+_AMOUNT_TOKEN = re.compile(r"(?i)[$€£¥]|\b(?:usd|eur|gbp|chf|jpy|dollars?|euros?|pounds?)\b")
+_LEADING = frozenset("dear hi hello hey please thanks thank from to contact book reserve visit call ask tell send pay "
+                     "transfer mr mrs ms dr at with for in on by via".split())
+MAX_NAMED_PER_STRING = 2_000      # named entities kept per string (the first ones; the taint cap applies on top)
+_WORD = r"\p{Lu}[\p{Lu}'’-]*\p{Ll}[\p{L}'’-]*"      # a capitalised word with a lower-case letter ("EUR" is none)
+_CURRENCY = r"[$€£¥]|(?i:usd|eur|gbp|chf|jpy|dollars?|euros?|pounds?)\b"
+_NAMED_PATTERN = (
+    r"((?:[$€£¥]|(?i:usd|eur|gbp|chf|jpy)\b) ?\d[\d,]*(?:\.\d+)?|\d[\d,]*(?:\.\d+)? ?(?:" + _CURRENCY + r"))"
+    r"|(" + _WORD + r"(?:[ \t](?:(?:of|de|la|le|du|del|van|von|der|&)[ \t]){0,2}" + _WORD + r"){1,4})"
+    r"|(#\d{3,}|\b(?:[A-Za-z]+[-_]?\d[\w-]*|\d+[-_]?[A-Za-z][\w-]*|\d{5,})\b)"
+)
+
+
+def canonical_amount(value: Any) -> str | None:
+    """An amount in one form whatever its writing: ``"$1,200.50"``, ``"1200.5 EUR"`` and ``1200.5`` give
+    ``"1200.5"``; None when ``value`` is no number (booleans included).
+
+    Example:
+        >>> canonical_amount("€ 1,000.00"), canonical_amount(1000), canonical_amount("ten")
+        ('1000', '1000', None)
+    """
+    from decimal import Decimal, InvalidOperation
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    if isinstance(value, float) and value != value:       # NaN
+        return None
+    try:
+        if isinstance(value, str):
+            digits = "".join(ch for ch in value[:64] if ch.isdigit() or ch in ".-")
+            if not any(ch.isdigit() for ch in digits):
+                return None
+            d = Decimal(digits)
+        else:
+            d = Decimal(repr(value))
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    out = format(d.normalize(), "f")
+    return out.rstrip("0").rstrip(".") if "." in out else out
+
+
+def named_entities(value: Any) -> set[str]:
+    """Proper names (people, hotels, restaurants, companies), amounts with a currency and identifiers in ``value``,
+    normalised (:func:`~icml26.air.responder.normalize`; an amount also in :func:`canonical_amount` form), the
+    first ``MAX_NAMED_PER_STRING`` per string; strings, lists and mappings walked without recursion, each string
+    de-obfuscated and scanned once with RE2 (linear time).
+
+    Example:
+        >>> sorted(named_entities({"review": "Stay at the Riverside View Hotel, pay $1,200.50, code BK-20931"}))
+        ['$1,200.50', '1200.5', 'bk-20931', 'riverside view hotel']
+    """
     out: set[str] = set()
     stack = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            for m in _ENTITY.findall(deobfuscate(v[:MAX_ENTITY_SCAN])):
-                m = m.rstrip(".,;:!?)]}>\"'`")
-                if " " in m and "@" not in m and "/" not in m:      # an account number written in groups
-                    m = m.replace(" ", "")
-                out.add(normalize(m))
+            out |= string_named_entities(v)
         elif isinstance(v, Mapping):
             stack += list(v.values())
         elif isinstance(v, list | tuple | set):
             stack += list(v)
+    return out
+
+
+def string_named_entities(text: str) -> set[str]:
+    """:func:`named_entities` of one string: scanned in NFKC with invisible characters removed but its line breaks
+    kept (a listing's lines are separate names), the first ``MAX_ENTITY_SCAN`` characters."""
+    global _NAMED
+    from .responder import _INVISIBLE, normalize
+
+    if _NAMED is None:
+        from .dsl import compile_regex
+
+        compile_regex(_NAMED_PATTERN)                  # RE2 accepts it (a clear error otherwise)
+        import re2
+
+        options = re2.Options()
+        options.log_errors = False
+        # the same pattern with its three groups made non-capturing (it has no escaped parenthesis)
+        _NAMED = re2.compile(_NAMED_PATTERN.replace("(", "(?:").replace("(?:?", "(?").encode(), options)
+    d = text[:MAX_ENTITY_SCAN]
+    if not d.isascii():
+        import unicodedata
+
+        d = unicodedata.normalize("NFKC", d.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+    b = _INVISIBLE.sub("", d).encode("utf-8", "replace")
+    out: set[str] = set()
+    for i, m in enumerate(_NAMED.finditer(b)):
+        if i >= MAX_NAMED_PER_STRING:
+            break
+        hit = m.group().decode("utf-8", "replace")
+        digits = _AMOUNT_TOKEN.sub("", hit).strip(" ")
+        amount = name = ident = ""
+        if digits != hit.strip(" ") and digits and all(ch.isdigit() or ch in ",." for ch in digits):
+            amount = hit                                 # a currency and a number, nothing else
+        elif any(ch.isdigit() for ch in hit):
+            ident = hit                                  # names are letters only
+        else:
+            name = hit
+        if amount:
+            out.add(normalize(amount))
+            c = canonical_amount(amount)
+            if c is not None:
+                out.add(c)
+        elif name:
+            name = normalize(name.rstrip("'’-"))
+            if len(name) >= 4:
+                out.add(name)
+                first, _, rest = name.partition(" ")
+                if first in _LEADING and " " in rest:          # "Dear Emma Johnson": also "emma johnson"
+                    out.add(rest)
+        elif ident and 5 <= len(ident) <= 64:
+            out.add(normalize(ident))
     return out
 
 
@@ -573,5 +710,7 @@ __all__ = [
     "Manifest",
     "ToolSpec",
     "agentdojo_manifest",
+    "canonical_amount",
     "entities",
+    "named_entities",
 ]

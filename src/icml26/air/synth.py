@@ -6,7 +6,8 @@ result nor the post-action snapshot, and turns them into ``before_action(<scope>
 holds it falls back to the call's exact arguments (a rule that will not generalise; the validator decides). With
 ``lift=True`` it lifts the incident's constants to classes (:func:`lift_constants`: any program of the effect class,
 any party the user never named, any path under a protected root, any tool of the effect class) and offers the lifted
-rule first and the constant-bound one second (:meth:`TemplateSynthesizer.candidates`).
+rule first and the constant-bound one second (:meth:`TemplateSynthesizer.candidates`); the incident rule's own checks
+follow the lifted ones only while the rule stays within ``max_checks`` (the validator's budget).
 :class:`LLMSynthesizer` asks an LLM for one JSON object following :data:`RULE_SCHEMA` (structured output), builds
 the rule with :func:`rule_from_json` (never executes anything) and falls back to the template.
 :func:`benign_corpus` records a benign validation corpus (embedded benign twins, AgentDojo user tasks).
@@ -62,8 +63,10 @@ class TemplateSynthesizer:
     name = "template"
 
     def __init__(self, *, fallback_to_arguments: bool = True, lift: bool = False, manifest: Any = None,
-                 protected_roots: Sequence[str] | None = None):
-        self.fallback_to_arguments = fallback_to_arguments
+                 protected_roots: Sequence[str] | None = None, max_checks: int = 10):
+        if not isinstance(max_checks, int) or max_checks < 1:
+            raise ValueError(f"max_checks must be a positive int, got {max_checks!r}")
+        self.fallback_to_arguments, self.max_checks = fallback_to_arguments, max_checks
         self.lift, self.manifest = lift, manifest
         if protected_roots is None:
             from .predicates import PROTECTED_ROOTS
@@ -99,6 +102,11 @@ class TemplateSynthesizer:
                 # the incident rule's own checks that tie a call argument to a constant are replaced by the lifted
                 # classes; its other checks (the user's task, the state, the effect classes) are kept
                 kept = [c for c in conds if not _binds_argument_constant(c)]
+                # the incident rule's kept checks follow the lifted ones only while the rule stays within the
+                # validator's check budget (``max_checks``, RuleValidator's ``max_predicates``): a longer candidate
+                # is rejected unseen (issue #36, fourth pass: README, Deviations 13)
+                while kept and _checks([*lifted, *kept]) > self.max_checks:
+                    kept.pop()
                 conds, scope = [*lifted, *kept], scope_l if scope_l is not None else scope
                 limit = max(limit, len(lifted))
         if not conds and self.fallback_to_arguments:
@@ -169,6 +177,13 @@ def lift_constants(call: dict[str, Any], env: dict[str, Any], evaluator: Evaluat
                 out.insert(0, c)
                 scope = "*"
     return (out if any(c.op == "pred" for c in out) or scope else []), scope
+
+
+def _checks(conds: Sequence[Cond]) -> int:
+    """The checks ``count_predicates`` counts in a rule whose detect list is ``conds``."""
+    from .dsl import _walk
+
+    return sum(1 for c in conds for n in _walk(c) if isinstance(n, Cond) and n.op not in ("and", "or", "not"))
 
 
 def _binds_argument_constant(c: Cond) -> bool:
