@@ -35,14 +35,18 @@ def train_token_lm(
     desc: str | None = "token LM",
     val_streams: Sequence[np.ndarray] | None = None,
     eval_every: int = 10,
+    align: int = 1,
 ) -> Any:
     """Teacher-forced training of a 2-layer Llama (width 128) on random windows of the token streams.
 
     With ``val_streams`` (held-out token streams): early stopping, the weights of the step with the lowest held-out
     NLL (checked every ``eval_every`` steps) are returned, and ``model.heldout_nll_`` holds that NLL: on a small
     corpus the LM overfits within tens of steps and its samples collapse to a few repeated tokens (low entropy),
-    where the watermark has nothing to bias.
+    where the watermark has nothing to bias. ``align``: training windows start at multiples of it (the number of
+    interleaved streams, so that position p always holds stream p mod align).
     """
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive integer, got {align!r}")
     from ..common.tiny_lm import tiny_causal_lm
 
     pool = [np.asarray(s) for s in streams if len(s) > window + 1]
@@ -85,7 +89,11 @@ def train_token_lm(
         rows = []
         for _ in range(batch):
             s = pool[int(rng.integers(len(pool)))]
-            i = int(rng.integers(0, len(s) - window))
+            i = (
+                align * int(rng.integers(0, (len(s) - window) // align + 1))
+                if align > 1
+                else int(rng.integers(0, len(s) - window))
+            )
             rows.append(np.concatenate([[1], s[i : i + window] + OFFSET]))
         ids = torch.from_numpy(np.stack(rows)).long()
         loss = model(input_ids=ids, labels=ids).loss
@@ -181,3 +189,103 @@ def undelay_pattern(delayed: np.ndarray) -> np.ndarray:
     L = x.shape[0]
     T = x.shape[1] - L + 1
     return np.stack([x[level, level : level + T] for level in range(L)])
+
+
+def flatten_delayed(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """``(L, T)`` RVQ streams -> one sequence of ``L (T + L - 1)`` ids for a single LM: the delay pattern, read step
+    by step (at step t: level 0 of frame t, level 1 of frame t - 1, ...), level l's token k as id ``l vocab + k``
+    and the delay padding as id ``L vocab`` (so the LM's codec vocabulary is ``L vocab + 1``).
+
+    Example:
+        >>> flatten_delayed(np.array([[1, 2], [3, 4]]), vocab=5).tolist()
+        [1, 10, 2, 8, 10, 9]
+    """
+    x = np.asarray(tokens, dtype=np.int64)
+    L = x.shape[0] if x.ndim == 2 else 0
+    if x.ndim != 2 or x.size == 0 or x.min() < 0 or x.max() >= vocab:
+        raise ValueError(f"tokens must have shape (levels, T) with ids in [0, {vocab}), got shape {x.shape}")
+    d = delay_pattern(x + vocab * np.arange(L)[:, None], pad=L * vocab)
+    return np.ascontiguousarray(d.T).reshape(-1)
+
+
+def unflatten_delayed(flat: np.ndarray, levels: int, vocab: int) -> np.ndarray:
+    """The inverse of :func:`flatten_delayed` for a batch: ``(B, L (T + L - 1))`` -> ``(B, L, T)``."""
+    x = np.asarray(flat, dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] % levels or x.shape[1] // levels < levels:
+        raise ValueError(f"flat must have shape (B, levels * (T + levels - 1)), got {x.shape}")
+    d = x.reshape(len(x), -1, levels).transpose(0, 2, 1)  # (B, L, T + L - 1)
+    out = np.stack([undelay_pattern(row) for row in d]) - vocab * np.arange(levels)[None, :, None]
+    if out.min() < 0 or out.max() >= vocab:
+        raise ValueError("the sequence does not follow the delay pattern (a level's id out of its range)")
+    return out
+
+
+def delayed_streams_processor(
+    levels: int, vocab: int, frames: int, *, watermark: Any = None, keys: Any = None
+) -> Any:
+    """A ``transformers.LogitsProcessor`` for an LM over :func:`flatten_delayed` sequences (after one bos): at
+    each step only the ids of the level due (or the delay padding) are allowed, and ``watermark``
+    (a ``ClusteredKGW`` with one cluster map per level) adds its bias to that level's tokens, its context the
+    level's own previous tokens, one key per batch row (``keys``)."""
+    from transformers import LogitsProcessor
+
+    if watermark is not None and watermark.n_streams != levels:
+        raise ValueError(f"the watermark has {watermark.n_streams} streams, the layout {levels} levels")
+    pad = OFFSET + levels * vocab
+
+    class DelayedStreamsProcessor(LogitsProcessor):
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            p = input_ids.shape[1] - 1  # tokens generated so far (after bos)
+            step, level = divmod(p, levels)
+            out = torch.full_like(scores, -float("inf"))
+            if not 0 <= step - level < frames:  # delay padding
+                out[:, pad] = 0.0
+                return out
+            lo = OFFSET + level * vocab
+            out[:, lo : lo + vocab] = scores[:, lo : lo + vocab]
+            if watermark is not None:
+                prev = (
+                    input_ids[:, 1 + levels * level + level : 1 + p : levels] - lo
+                )  # this level's frames so far
+                out[:, lo : lo + vocab] += watermark.bias(prev, vocab, 0, stream=level, keys=keys).to(
+                    scores.dtype
+                )
+            return out
+
+    return DelayedStreamsProcessor()
+
+
+@torch.no_grad()
+def sample_streams(
+    model: Any,
+    n: int,
+    frames: int,
+    *,
+    levels: int,
+    vocab: int,
+    watermark: Any = None,
+    keys: Any = None,
+    seed: int = 0,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """(n, levels, frames) RVQ tokens sampled from an LM over :func:`flatten_delayed` sequences (the MusicGen /
+    Moshi delay pattern), optionally watermarked (one key per generation)."""
+    proc = delayed_streams_processor(levels, vocab, frames, watermark=watermark, keys=keys)
+    flat = sample(
+        model, n, levels * (frames + levels - 1), processor=proc, seed=seed, temperature=temperature
+    )
+    return unflatten_delayed(flat, levels, vocab)
+
+
+@torch.no_grad()
+def nll_streams(model: Any, tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """(n,) mean NLL per codec token (delay padding excluded) of ``(n, levels, T)`` RVQ token sequences under an LM
+    over :func:`flatten_delayed` sequences (a quality proxy)."""
+    x = np.asarray(tokens)
+    L = x.shape[1]
+    flat = np.stack([flatten_delayed(t, vocab) for t in x])
+    ids = torch.cat([torch.ones(len(flat), 1, dtype=torch.long), torch.from_numpy(flat) + OFFSET], 1)
+    logp = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].double()
+    keep = torch.from_numpy(flat != L * vocab)
+    return ((nll * keep).sum(1) / keep.sum(1)).numpy()

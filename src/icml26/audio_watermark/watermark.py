@@ -136,7 +136,8 @@ class ClusteredKGW:
         self.n_greens = [max(1, int(gamma * C) if hash == "lefthash" else round(gamma * C)) for C in self.Cs]
         self.cmap, self.C, self.n_green = self.cmaps[0], self.Cs[0], self.n_greens[0]
         self.gamma, self.delta, self.h, self.key = gamma, delta, context_width, int(key)
-        self._cache: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+        self._cache: dict[tuple[int, int, tuple[int, ...]], np.ndarray] = {}
+        self._gen = torch.Generator()
 
     @property
     def n_streams(self) -> int:
@@ -156,20 +157,27 @@ class ClusteredKGW:
         self, context: tuple[int, ...], *, stream: int = 0, key: int | None = None
     ) -> torch.Tensor:
         """(C,) bool: the green clusters of ``stream`` for a context of h cluster ids (``key``: another key)."""
-        k = stream_key(self.key if key is None else int(key), stream)
+        return torch.from_numpy(self._green(context, stream, self.key if key is None else int(key)))
+
+    def _green(self, context: tuple[int, ...], stream: int, key: int, cache: bool = True) -> np.ndarray:
+        """(C,) bool numpy array of :meth:`green_clusters` (``cache=False``: not kept, for one-off null keys)."""
+        k = stream_key(key, stream)
         ck = (k, stream, context)
-        if ck not in self._cache:
+        hit = self._cache.get(ck)
+        if hit is not None:
+            return hit
+        if self.hash == "lefthash":  # transformers: hash_key * input_seq[-1]
+            seed = (k * int(context[-1])) % (2**64 - 1)
+        else:
+            seed = keyed_seed(context, k)
+        self._gen.manual_seed(seed)  # one reused generator: the same stream as a fresh one with this seed
+        green = np.zeros(self.Cs[stream], dtype=bool)
+        green[torch.randperm(self.Cs[stream], generator=self._gen)[: self.n_greens[stream]].numpy()] = True
+        if cache:
             if len(self._cache) > 200_000:
                 self._cache.clear()
-            if self.hash == "lefthash":  # transformers: hash_key * input_seq[-1]
-                seed = (k * int(context[-1])) % (2**64 - 1)
-            else:
-                seed = keyed_seed(context, k)
-            g = torch.Generator().manual_seed(seed)
-            green = torch.zeros(self.Cs[stream], dtype=torch.bool)
-            green[torch.randperm(self.Cs[stream], generator=g)[: self.n_greens[stream]]] = True
             self._cache[ck] = green
-        return self._cache[ck]
+        return green
 
     def bias(
         self,
@@ -188,13 +196,15 @@ class ClusteredKGW:
         if L < self.h:
             return out
         cmap = self.cmaps[stream]
-        V = len(cmap)
-        for b in range(B):
-            ctx = tuple(int(c) for c in cmap[prev_tokens[b, L - self.h :]]) if self.h else ()
-            key = None if keys is None else keys[b]
-            out[b, offset : offset + V] = (
-                self.delta * self.green_clusters(ctx, stream=stream, key=key)[cmap].float()
-            )
+        cm = cmap.numpy()
+        ctxs = cm[prev_tokens[:, L - self.h :].numpy()] if self.h else np.zeros((B, 0), dtype=np.int64)
+        rows = np.stack(
+            [
+                self._green(tuple(ctxs[b].tolist()), stream, self.key if keys is None else int(keys[b]))
+                for b in range(B)
+            ]
+        )
+        out[:, offset : offset + len(cm)] = self.delta * torch.from_numpy(rows[:, cm]).float()
         return out
 
     def logits_processor(
@@ -257,8 +267,8 @@ class ClusteredKGW:
                 units.append((s, ctx, int(clusters[i]), int(t[s, i])))
         return units
 
-    def _count(self, units: list[tuple[int, tuple[int, ...], int, int]], key: int) -> int:
-        return sum(bool(self.green_clusters(ctx, stream=s, key=key)[c]) for s, ctx, c, _ in units)
+    def _count(self, units: list[tuple[int, tuple[int, ...], int, int]], key: int, cache: bool = True) -> int:
+        return sum(bool(self._green(ctx, s, key, cache)[c]) for s, ctx, c, _ in units)
 
     def score(
         self,
@@ -316,9 +326,54 @@ class ClusteredKGW:
             p = _convolved_sf([(self.Cs[s], self.n_greens[s], k) for (s, _), k in groups.items()], g)
         else:
             rng = np.random.default_rng(null_seed)
-            null_g = np.array([self._count(units, int(k)) for k in rng.integers(1, 2**62, n_keys)])
+            null_g = np.array(
+                [self._count(units, int(k), cache=False) for k in rng.integers(1, 2**62, n_keys)]
+            )
             p = float((1 + (null_g >= g).sum()) / (1 + n_keys))
         out.update(enough=True, z=float(z), p_value=p, neglog10_p=float(-np.log10(max(p, 1e-300))))
+        return out
+
+    def score_keys(self, tokens: Any, keys: Sequence[int], *, min_scored: int = 16) -> list[dict[str, Any]]:
+        """``score(tokens, min_scored=min_scored)`` (``dedup="cluster"``, exact null) under each of ``keys``,
+        vectorised: the scored units and the null's pmf do not depend on the key, so they are computed once (an
+        empirical null: one unwatermarked clip tested under many keys).
+
+        Returns:
+            one dict per key, as :meth:`score` returns (``p_value`` equal to it).
+        """
+        t = self._check_tokens(tokens)
+        units = self._units(t, "cluster")
+        n = len(units)
+        ge = float(np.mean([self.n_greens[s] / self.Cs[s] for s, *_ in units])) if n else self.gamma_eff
+        if n < min_scored:
+            reason = f"only {n} scored tokens (< {min_scored}): no reliable p-value"
+            return [
+                {"n_green": float(self._count(units, int(k))), "n_scored": float(n), "gamma_eff": ge,
+                 "enough": False, "reason": reason}
+                for k in keys
+            ]  # fmt: skip
+        groups: dict[tuple[int, tuple[int, ...]], int] = {}
+        for s, ctx, _, _ in units:
+            groups[(s, ctx)] = groups.get((s, ctx), 0) + 1
+        # p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g]: one pmf for every key; tail sums by a reversed cumsum
+        pmf = np.ones(1)
+        for (s, _), k in groups.items():
+            pmf = np.convolve(pmf, _hyp_pmf(self.Cs[s], self.n_greens[s], k))
+        tail = np.cumsum(pmf[::-1])[::-1]
+        by_group: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for s, ctx, c, _ in units:
+            by_group.setdefault((s, ctx), []).append(c)
+        members = [(s, ctx, np.array(cs)) for (s, ctx), cs in by_group.items()]
+        out = []
+        for key in keys:
+            cache = int(key) == self.key  # one-off null keys are not cached
+            g = int(sum(self._green(ctx, s, int(key), cache)[cs].sum() for s, ctx, cs in members))
+            p = float(min(1.0, max(0.0, tail[g]))) if g < len(tail) else 0.0
+            z = (g - ge * n) / np.sqrt(n * ge * (1 - ge))
+            out.append(
+                {"n_green": float(g), "n_scored": float(n), "gamma_eff": ge, "enough": True, "z": float(z),
+                 "p_value": p, "neglog10_p": float(-np.log10(max(p, 1e-300)))}
+            )  # fmt: skip
         return out
 
 
