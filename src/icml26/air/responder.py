@@ -472,6 +472,7 @@ class IncidentResponder:
         self._invalidate()
         self._ctx_cache: tuple[Any, ...] | None = None
         self._task_ents: tuple[str, set[str]] | None = None
+        self._task_mentioned: tuple[str, dict[str, list[str]]] | None = None
         self._named_memo: dict[str, bool] = {}
         # per-rule analyses (reads the state? which checks are semantic?) keyed by rule identity; dropped when
         # episode rules have made them large (bounded memory)
@@ -507,7 +508,7 @@ class IncidentResponder:
         if self._ctx_cache is None or self._ctx_cache[0] != key:
             self._ctx_cache = (key, {"strings_from_tool_outputs": NormalizedStrings(sorted(self.taint)),
                                      "strings_from_instructions": self._unvouched(),
-                                     "known_parties": self._known_parties(), **mentioned(self.user_task)})
+                                     "known_parties": self._known_parties(), **self._mentioned()})
         return {"user_task": self.user_task, "steps": list(self.window), "step": self.step, **self._ctx_cache[1]}
 
     def _unvouched(self) -> list[str]:
@@ -520,6 +521,12 @@ class IncidentResponder:
             if x not in named:
                 named[x] = named_by_user(self.user_task, x)
         return NormalizedStrings(sorted(x for x in self.instruction_taint if x not in known and not named[x]))
+
+    def _mentioned(self) -> dict[str, list[str]]:
+        """:func:`mentioned` of the user's task, computed once per episode (the lists are shared read-only)."""
+        if self._task_mentioned is None or self._task_mentioned[0] != self.user_task:
+            self._task_mentioned = (self.user_task, mentioned(self.user_task))
+        return self._task_mentioned[1]
 
     def _task_entities(self) -> set[str]:
         """The entities the user's task itself names (in the forms taint keeps: an amount as written and as a

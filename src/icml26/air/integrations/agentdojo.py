@@ -15,7 +15,8 @@
   :func:`summarize_attacks` gives the rates.
 
 The AIR state view is the environment's ``model_dump()`` with ``<list>_by_id`` maps added for lists of records
-with an ``id`` (so rules can name a scheduled transaction by id).
+with an ``id`` (so rules can name a scheduled transaction by id); the adapter builds it with :class:`StateView`,
+which after a call dumps again only the environment fields the tool can reach (its AgentDojo dependencies).
 
 Example:
     >>> agent = ScriptedCompromisedAgent()
@@ -89,6 +90,60 @@ def view(env: Any) -> dict[str, Any]:
     return _View(env.model_dump(mode="json"))
 
 
+class StateView:
+    """:func:`view` re-dumped field by field: after a tool call only the top-level environment fields the tool can
+    reach are dumped again, the others are shared with the previous view (so :func:`~icml26.air.responder.diff`
+    short-circuits on them by identity).
+
+    The fields a tool can reach are its AgentDojo dependencies (``Depends("inbox")``: the runtime hands the tool
+    those fields and nothing else); a tool with a computed dependency, a tool the runtime does not know, or a view
+    asked for with no call noted since the last one is dumped whole. The result equals a fresh :func:`view` as long
+    as the environment changes only through the calls noted with :meth:`touched` (the adapter notes the agent's
+    calls and AIR's recovery calls; a test checks the equality after every ground-truth call of every suite's user
+    and injection tasks).
+
+    Args:
+        env: the AgentDojo environment (a pydantic model).
+        runtime: its ``FunctionsRuntime`` (the tools' dependencies); None: every view is a full dump.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> sv = StateView(SimpleNamespace(model_dump=lambda **kw: {"a": [1]}))
+        >>> sv()["a"]
+        [1]
+    """
+
+    def __init__(self, env: Any, runtime: Any = None):
+        self.env = env
+        self._reach: dict[str, frozenset[str] | None] = {}
+        for name, fn in (getattr(runtime, "functions", None) or {}).items():
+            deps = [d.env_dependency for d in fn.dependencies.values()]
+            self._reach[name] = frozenset(deps) if all(isinstance(d, str) for d in deps) else None
+        self._last: dict[str, Any] | None = None
+        self._dirty: set[str] | None = None           # fields to dump again; None: everything
+        self._noted = False                            # a call was noted since the last view
+
+    def touched(self, tool: str) -> None:
+        """A call of ``tool`` has run on the environment."""
+        reach = self._reach.get(tool)
+        self._noted = True
+        if reach is None or self._dirty is None:
+            self._dirty = None
+        else:
+            self._dirty |= reach
+
+    def __call__(self) -> dict[str, Any]:
+        dirty, last = self._dirty, self._last
+        if last is None or dirty is None or not self._noted:
+            dump = self.env.model_dump(mode="json")   # the first view, or any doubt
+        else:                                         # the fields no noted call can reach are the earlier objects
+            dump = dict(last)
+            if dirty:
+                dump.update(self.env.model_dump(mode="json", include=dirty))
+        self._last, self._dirty, self._noted = dump, set(), False
+        return _View(dump)
+
+
 def _content(text: str) -> list[Any]:
     return [text_content_block_from_string(text)]
 
@@ -111,6 +166,7 @@ class AIRToolsExecutor(BasePipelineElement):
     def __init__(self, responder: IncidentResponder | None):
         self.responder = responder
         self._env_id: int | None = None
+        self._view: StateView | None = None
         self.calls: list[tuple[str, str, bool, int]] = []  # (function, args, executed, incidents so far)
 
     def query(self, query: str, runtime: Any, env: Any = None, messages: Sequence[Any] = (),
@@ -123,10 +179,13 @@ class AIRToolsExecutor(BasePipelineElement):
             self._env_id = id(env)
             # view() builds a new dict (no deep copy); the environment changes only through the tool calls AIR
             # sees (the agent's and AIR's recovery calls), so one dump per call serves every hook (copy-on-write)
-            air.state = DictState(lambda: view(env), cache=True)
+            # and only the fields the call can reach are dumped again (StateView)
+            state = self._view = StateView(env, runtime)
+            air.state = DictState(state, cache=True)
 
             def execute(call: ToolCall) -> Any:
                 result, error = runtime.run_function(env, call.name, dict(call.args))
+                state.touched(call.name)
                 if error:
                     raise RuntimeError(error)
                 return result
@@ -150,6 +209,8 @@ class AIRToolsExecutor(BasePipelineElement):
             result, error = runtime.run_function(env, tc.function, tc.args)
             text = tool_result_to_str(result) if error is None else f"error: {error}"
             if air is not None:
+                if self._view is not None:
+                    self._view.touched(tc.function)
                 d = air.after_action(call, text)
                 if d.kind == "stop":
                     raise AbortAgentError(f"[AIR] {d.message}", [*messages, *out], env)

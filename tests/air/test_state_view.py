@@ -1,0 +1,99 @@
+"""StateView (issue #36 item 7, overhead): the field-by-field re-dump equals a fresh full view after every call.
+
+The oracle is AgentDojo's own ``env.model_dump(mode="json")`` after each ground-truth call of every user task and
+every injection task of every suite (a tool that writes a field it does not declare, e.g. ``get_unread_emails``
+marking mails read, would make the views differ)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("agentdojo")
+
+from icml26.air.integrations.agentdojo import (
+    BENCHMARK_VERSION,
+    AIRToolsExecutor,
+    StateView,
+    _fast_yaml,
+    view,
+)
+
+SUITES = ("workspace", "banking", "slack", "travel")
+
+
+def _replay(suite, runtime, task, every: int) -> int:
+    """Run ``task``'s ground truth on a fresh environment; compare the incremental view with a full dump after
+    every ``every``-th call (views skipped in between accumulate the fields to re-dump). Returns the calls run."""
+    env = suite.load_and_inject_default_environment({})
+    sv = StateView(env, runtime)
+    assert sv() == env.model_dump(mode="json")
+    calls = list(task.ground_truth(env))
+    for i, fc in enumerate(calls, 1):
+        runtime.run_function(env, fc.function, dict(fc.args))
+        sv.touched(fc.function)
+        if i % every == 0 or i == len(calls):
+            before = sv._last
+            now = sv()
+            assert now == env.model_dump(mode="json"), (task.ID, i, fc.function)
+            assert view(env) == now
+            reach = sv._reach.get(fc.function)
+            if every == 1 and reach is not None:  # the fields the call cannot reach are shared, not re-dumped
+                assert all(sv._last[k] is before[k] for k in before if k not in reach)
+    return len(calls)
+
+
+@pytest.mark.parametrize("suite_name", SUITES)
+def test_incremental_view_equals_full_view_on_every_ground_truth(suite_name):
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, suite_name)
+    runtime = FunctionsRuntime(suite.tools)
+    n = 0
+    for every in (1, 2):
+        for tasks in (suite.user_tasks, suite.injection_tasks):
+            for task in tasks.values():
+                n += _replay(suite, runtime, task, every)
+    assert n > 0
+
+
+def test_doubt_means_a_full_dump():
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, "banking")
+    runtime = FunctionsRuntime(suite.tools)
+    env = suite.load_and_inject_default_environment({})
+    sv = StateView(env, runtime)
+    first = sv()
+    env.bank_account.balance += 1.0  # a change no noted call made: the view is dumped whole
+    second = sv()
+    assert second["bank_account"]["balance"] == first["bank_account"]["balance"] + 1.0
+    assert all(dict.__getitem__(second, k) is not dict.__getitem__(first, k) for k in first)
+    sv.touched("no_such_tool")  # a tool the runtime does not know: everything again
+    third = sv()
+    assert all(dict.__getitem__(third, k) is not dict.__getitem__(second, k) for k in second)
+    assert StateView(env)() == env.model_dump(mode="json")  # no runtime: always a full dump
+
+
+def test_adapter_uses_the_incremental_view():
+    from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+    from agentdojo.types import ChatAssistantMessage
+
+    from icml26.air import builtin_rules
+    from icml26.air.responder import DictState, IncidentResponder
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, "banking")
+    runtime = FunctionsRuntime(suite.tools)
+    env = suite.load_and_inject_default_environment({})
+    air = IncidentResponder(builtin_rules("agentdojo_banking"), DictState(dict))
+    ex = AIRToolsExecutor(air)
+    call = FunctionCall(function="get_balance", args={}, id="1")
+    msg = ChatAssistantMessage(role="assistant", content=None, tool_calls=[call])
+    ex.query("what is my balance?", runtime, env, [msg])
+    assert isinstance(ex._view, StateView)
+    assert air.state.view() == env.model_dump(mode="json")
