@@ -3,8 +3,10 @@
 640-sample Hann frames with hop 320 at 16 kHz (50 tokens per second); an MLP encoder from the frame's log-magnitude
 spectrum to a d-dimensional latent, ``vector_quantize_pytorch.VectorQuantize`` (EMA codebook, k-means init), an MLP
 decoder to waveform frames and Hann overlap-add. Trained on waveform L1 + multi-resolution log-magnitude STFT +
-commitment with a cosine learning-rate decay. Overlap-add makes encode(decode(q)) != q in a structured way, the
-phenomenon the watermark paper is about. (The encoder reads magnitudes because a 7-bit-per-frame decoder cannot
+commitment with a cosine learning-rate decay, then a consistency phase (codebook and encoder frozen, the decoder
+fine-tuned so that encode(decode(q)) returns q, ``train_codec``): trained on reconstruction alone the round trip
+kept almost no token, where real codecs keep about 0.4. Overlap-add still makes encode(decode(q)) != q in a
+structured way, the phenomenon the watermark paper is about. (The encoder reads magnitudes because a 7-bit-per-frame decoder cannot
 reproduce phase: a waveform encoder maps every decoded frame to one token, r = 0.) A real codec (EnCodec, Mimi, ...) plugs in through
 the same protocol where its weights exist.
 
@@ -129,6 +131,24 @@ class FrameCodec(nn.Module):
         q, idx, commit = self.vq(self.latents(x))
         return self.overlap_add(self.dec(q), x.shape[-1]), idx, commit.sum()
 
+    def code_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(B, S) audio and its (B, T[, levels]) codes -> (B, T, levels, K) logits of re-encoding ``x``.
+
+        Level l's logits are minus the squared distances of the teacher-forced residual (the latent of ``x`` minus
+        the code vectors of ``idx`` at levels < l) to level l's codebook, so the argmax at every level is the code
+        the quantiser would pick when the earlier levels agree with ``idx``.
+        """
+        z = self.latents(x)
+        books = self.vq.codebook.reshape(1, self.codebook_size, -1) if self.levels == 1 else self.vq.codebooks
+        books = books.detach()
+        codes = idx.reshape(*idx.shape[:2], self.levels)
+        out, residual = [], z
+        for level in range(self.levels):
+            # logit_l(k) = -||z - sum_{j<l} c_j[q_j] - c_l[k]||^2
+            out.append(-((residual[..., None, :] - books[level]) ** 2).sum(-1))
+            residual = residual - books[level][codes[..., level]]
+        return torch.stack(out, dim=-2)
+
     @torch.no_grad()
     def encode(self, wave: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(check_wave(wave))[None]
@@ -186,10 +206,45 @@ def train_codec(
     seed: int = 0,
     desc: str | None = "codec",
     levels: int = 1,
+    consistency: float = 1.0,
+    consistency_steps: int | None = None,
 ) -> FrameCodec:
-    """Train a :class:`FrameCodec` on random 1 s crops of ``utterances`` (Adam, cosine decay of ``lr`` to 0)."""
+    """Train a :class:`FrameCodec` on random 1 s crops of ``utterances`` (Adam, cosine decay of ``lr`` to 0).
+
+    Two phases. First ``steps`` steps of waveform L1 + multi-resolution log-magnitude STFT + commitment (the EMA
+    codebook and both MLPs learn). Then ``consistency_steps`` steps (default ``steps // 2``; 0: the training of the
+    first versions, whose round trip kept almost no token) with the codebook and the encoder frozen, fine-tuning
+    the decoder on the same loss plus ``consistency`` times the re-encoding cross-entropy: the decoded audio of a
+    crop's codes ``q`` must encode back to ``q``, at every RVQ level with the earlier levels teacher-forced
+    (logits at temperature 0.1; the gradient reaches the decoder through the audio, so it learns to reproduce the
+    log-magnitude features the encoder reads),
+
+        L_cons = - sum_l log softmax_k(-10 ||z(decode(q)) - sum_{j<l} c_j[q_j] - c_l[k]||^2)[q_l]
+
+    as codecs trained with a consistency loss do. Measured on the experiment's codec (README Deviations 1): added
+    while the EMA codebook still moves, the term cannot hold (the codes it targets change every step); letting the
+    encoder learn it instead makes the round trip lossless (the encoder learns to recognise the toy decoder's
+    outputs, even after MP3 or noise), which no real codec does; the decoder-only phase keeps the real encoder's
+    sensitivity, and residual levels keep less than the first, as in real RVQ codecs.
+
+    Args:
+        utterances: 16 kHz float waveforms (only these train the codec: pass the held-in ones).
+        codebook_size, dim, levels: the codec's vocabulary per level, latent size and RVQ levels.
+        steps, batch, seconds, lr, seed: the first phase (1 s crops, Adam, cosine decay of ``lr`` to 0).
+        consistency: weight of L_cons (>= 0).
+        consistency_steps: steps of the second phase (same batch, constant ``lr``); None: ``steps // 2``.
+
+    Returns:
+        The trained :class:`FrameCodec` in eval mode.
+    """
     if steps < 1 or batch < 1:
         raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
+    if not (np.isfinite(consistency) and consistency >= 0):
+        raise ValueError(f"consistency must be a finite weight >= 0, got {consistency!r}")
+    if consistency_steps is None:
+        consistency_steps = steps // 2
+    if isinstance(consistency_steps, bool) or not isinstance(consistency_steps, int) or consistency_steps < 0:
+        raise ValueError(f"consistency_steps must be an integer >= 0, got {consistency_steps!r}")
     codec = FrameCodec(codebook_size, dim, seed=seed, levels=levels)
     opt = torch.optim.Adam([p for n, p in codec.named_parameters() if not n.startswith("vq")], lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -206,6 +261,15 @@ def train_codec(
         for _ in progress(range(steps), desc=desc) if desc else range(steps):
             _train_step(codec, opt, pool, rng, n, batch)
             sched.step()
+        if consistency_steps and consistency > 0:
+            # phase 2: codebook (eval mode: no EMA update, no dead-code reset) and encoder frozen; the decoder is
+            # fine-tuned with the re-encoding consistency term added
+            opt = torch.optim.Adam(codec.dec.parameters(), lr=lr)
+            codec.vq.eval()
+            it = range(consistency_steps)
+            for _ in progress(it, desc=f"{desc} consistency") if desc else it:
+                _train_step(codec, opt, pool, rng, n, batch, consistency)
+    codec.zero_grad(set_to_none=True)  # the frozen encoder's unused gradients
     return codec.eval()
 
 
@@ -216,6 +280,7 @@ def _train_step(
     rng: np.random.Generator,
     n: int,
     batch: int,
+    consistency: float = 0.0,
 ) -> None:
     """One Adam step on a batch of random crops."""
     crops = []
@@ -224,9 +289,17 @@ def _train_step(
         s = int(rng.integers(0, len(u) - n))
         crops.append(u[s : s + n])
     x = torch.from_numpy(np.stack(crops))
-    y, _, commit = codec(x)
+    y, idx, commit = codec(x)
     edge = FRAME  # the ends are covered by one frame only
     loss = (y - x)[:, edge:-edge].abs().mean() + stft_loss(x[:, edge:-edge], y[:, edge:-edge]) + commit
+    if consistency > 0:
+        # L_cons: encode(decode(q)) should return q (every level, earlier levels teacher-forced; the gradient
+        # reaches the decoder through the decoded audio)
+        logits = 10.0 * codec.code_logits(y, idx)
+        target = idx.reshape(*idx.shape[:2], codec.levels)
+        loss = loss + consistency * torch.nn.functional.cross_entropy(
+            logits.reshape(-1, codec.codebook_size), target.reshape(-1)
+        )
     if not torch.isfinite(loss):
         raise FloatingPointError("codec loss is not finite")
     opt.zero_grad(set_to_none=True)

@@ -178,7 +178,7 @@ def models(cfg: Config) -> tuple[list[np.ndarray], FrameCodec, FrameCodec, Any]:
     utt = speech_corpus(cfg.n_utterances, cache=cache) + (music_corpus(cfg.n_music) if cfg.n_music else [])
     train = utt[::2]
     base = {
-        "version": 4,
+        "version": 5,  # 5: the codec's consistency phase (README Deviations 1)
         "n": cfg.n_utterances,
         "n_music": cfg.n_music,
         "K": cfg.codebook_size,
