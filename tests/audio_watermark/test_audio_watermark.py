@@ -220,8 +220,8 @@ def test_per_clip_units_pair_across_arms_and_average_to_the_metrics():
         assert res.metrics[arm]["median_neglog10_p"] == pytest.approx(
             float(np.median(clips[arm]["neglog10_p"]))
         )
-    # the gates: hpt's gated metrics are its values where the pre-audio ceiling and the round-trip ceiling reach
-    # cfg.gate, NaN otherwise; hpt_h1's (the TPR claim and the growth with h) likewise at h + 1
+    # the gates: hpt's gated metrics are its values where the pre-audio ceiling reaches cfg.gate, NaN otherwise;
+    # hpt_h1's (the TPR claim and the growth with h) likewise at h + 1
     from icml26.audio_watermark.experiment import roundtrip_ceiling
 
     for arm, h, gated_name, raw, claim in (
@@ -237,7 +237,7 @@ def test_per_clip_units_pair_across_arms_and_average_to_the_metrics():
         tokens = float(np.mean(clips[arm]["neglog10_p_tokens"]))
         roundtrip = roundtrip_ceiling(tokens, res.metrics[arm]["match_rate"], h)
         assert res.metrics[arm]["roundtrip_ceiling"] == pytest.approx(roundtrip)
-        passed = min(tokens, roundtrip) >= cfg.gate
+        passed = tokens >= cfg.gate  # the round-trip ceiling is reported, not gated on
         assert res.metrics[arm]["gate_passed"] == float(passed)
         gated = np.array(clips[arm][gated_name])
         assert np.array_equal(gated, raw) if passed else np.isnan(gated).all()

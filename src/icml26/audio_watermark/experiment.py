@@ -28,10 +28,10 @@ p < 0.01; ``fpr_at_001_keys`` over all ``n_null_scores`` null scores: every arm'
 watermarked samples under the clean LM (quality proxy; unwatermarked in ``none``), ``n_clusters`` (per level),
 ``n_scored``, ``green_share_tokens``, ``n_scored_tokens`` and ``neglog10_p_tokens`` (on the generated tokens before
 any audio: the most the codec can preserve) and ``green_share`` (after the identity round trip). **The gate**, per
-context width (``hpt`` at h, ``hpt_h{h+1}`` at h + 1): where the arm's mean ``neglog10_p_tokens`` or its
-``roundtrip_ceiling`` (that strength scaled by the codec's cluster survival, ``roundtrip_ceiling()``) is below
+context width (``hpt`` at h, ``hpt_h{h+1}`` at h + 1): where the arm's mean ``neglog10_p_tokens`` is below
 ``Config.gate``, the ``*_gated`` copies of its detection metrics (and ``gap.h_plus_1_gated`` at h + 1) are NaN (the
-claims are then inconclusive, with the reason in the notes) and its ``gate_passed`` is 0.
+claims are then inconclusive, with the reason in the notes) and its ``gate_passed`` is 0. ``roundtrip_ceiling``
+(that strength scaled by the codec's cluster survival, ``roundtrip_ceiling()``) is a diagnostic, not a gate.
 
 **Units** (``SeedRun.units``): every per-generation quantity is recorded per clip, and the seed's value is the
 mean over clips. ``clips``: the arm's watermarked generations, paired by index across arms (``gap`` holds the per-clip
@@ -126,8 +126,8 @@ class Config:
     """at least V x this many clusters per level (the key space must not collapse; about V/4, issue #28)"""
     gate: float = 4.0
     """the detection claims are decided only where the hpt arm's mean -log10 p on the generated tokens (before any
-    audio, the most a codec can preserve) and its round-trip ceiling (``roundtrip_ceiling``) reach this (twice the
-    claims' minimum effect of 2); else the gated metrics are NaN"""
+    audio, the most a codec can preserve) reaches this (twice the claims' minimum effect of 2); else the gated
+    metrics are NaN"""
     cache: bool = True
     """cache the corpus and the trained models"""
 
@@ -463,18 +463,19 @@ def run(cfg: Config) -> SeedRun:
     metrics["none"] = {"heldout_nll": float(getattr(lm, "heldout_nll_", float("nan")))}
     deeper = f"_h{cfg.context_width + 1}"
     clip = units["clips"]
-    # The gate: the hpt arm's mean -log10 p on its generated tokens, before any audio, is the most the codec can
-    # preserve (stated in the card before the first run), and its round-trip ceiling (added after the first
-    # multi-stream run, README Deviations 5) what this codec's cluster match rate lets through; below cfg.gate a gap
-    # of 2 after audio cannot be reached, so the detection metrics are NaN (inconclusive) instead of a "fails"
-    # that is a ceiling of this setup. One gate per context width (h for the headline, h + 1 for the TPR claim).
+    # The gate (stated in the card before the first run): the hpt arm's mean -log10 p on its generated tokens,
+    # before any audio, is the most any codec can preserve; below cfg.gate a gap of 2 after audio cannot be reached
+    # (the LM's entropy and the scored-unit budget), so the detection metrics are NaN (inconclusive) instead of a
+    # "fails" that is a ceiling of this setup. One gate per context width (h for the headline, h + 1 for the TPR
+    # claim and the growth with h). The round-trip ceiling (what this codec's cluster survival lets through) is
+    # reported, not gated on: it depends on the method's own clusters (README Deviations 5).
     ceilings = {}
     passed = {}
     for arm, h in (("hpt", cfg.context_width), ("hpt" + deeper, cfg.context_width + 1)):
         ceiling = float(np.mean(clip[arm]["neglog10_p_tokens"]))
-        ceilings[arm] = (ceiling, roundtrip_ceiling(ceiling, metrics[arm]["match_rate"], h))
-        passed[arm] = min(ceilings[arm]) >= cfg.gate
-        metrics[arm]["roundtrip_ceiling"] = ceilings[arm][1]
+        ceilings[arm] = ceiling
+        passed[arm] = ceiling >= cfg.gate
+        metrics[arm]["roundtrip_ceiling"] = roundtrip_ceiling(ceiling, metrics[arm]["match_rate"], h)
         metrics[arm]["gate_passed"] = float(passed[arm])
 
     def gated(values: list[float], ok: bool) -> list[float]:
@@ -509,13 +510,11 @@ def run(cfg: Config) -> SeedRun:
     ):
         if passed[arm]:
             continue
-        tokens, roundtrip = ceilings[arm]
         why = (
             f"not decided: at h = {h} the {arm} arm's mean -log10 p on its generated tokens before any audio is "
-            f"{tokens:.2f} and its round-trip ceiling (z scaled by r^(h+1), r = {metrics[arm]['match_rate']:.3f} "
-            f"the held-out cluster match rate over the {L} levels) is {roundtrip:.2f}; the gate is {cfg.gate} "
-            f"(twice the minimum effect), so this codec could not carry the claimed gap whatever the watermark; "
-            f"the ungated values are in the tables"
+            f"{ceilings[arm]:.2f}, below the gate {cfg.gate} (twice the minimum effect): the calibrated test scores "
+            f"each (level, context, cluster) once, so no codec could carry the claimed gap; the ungated values are "
+            f"in the tables"
         )
         notes.update({c: why for c in claims})
     return SeedRun(metrics, series={"config": asdict(cfg), "pvalues": pvalues}, notes=notes, units=units)
