@@ -150,43 +150,27 @@ def main() -> None:
             hook_ms=round(statistics.median(hook_ms), 4),
         )
     ]
-    ws_air, ws_base, ws_kb = agentdojo_workspace(args.rounds)
-    rows.append(
-        bench_row(
-            "AgentDojo workspace, ground-truth tool calls + AIR hooks: time per tool call",
-            "the same tool calls through AgentDojo's runtime without AIR",
-            ws_air,
-            ws_base,
-            unit="ms",
-            added_ms_per_call=round(ws_air - ws_base, 4),
-            state_kb=round(ws_kb, 1),
+    # the workspace settings, in this order: the earlier benchmark's rules, the generic rules, no entity scan
+    workspace = [
+        ("", "", {}),
+        (", generic rules + manifest", "generic rules + manifest", {"generic": True}),
+        (", named_entities=False", "named_entities=False", {"named": False}),
+    ]
+    measured = []
+    for suffix, label, kwargs in workspace:
+        ws_air, ws_base, ws_kb = agentdojo_workspace(args.rounds, **kwargs)
+        measured.append((label, ws_air, ws_base, ws_kb))
+        rows.append(
+            bench_row(
+                f"AgentDojo workspace, ground-truth tool calls + AIR hooks{suffix}: time per tool call",
+                "the same tool calls through AgentDojo's runtime without AIR",
+                ws_air,
+                ws_base,
+                unit="ms",
+                added_ms_per_call=round(ws_air - ws_base, 4),
+                state_kb=round(measured[0][3], 1),
+            )
         )
-    )
-    g_air, g_base, _ = agentdojo_workspace(args.rounds, generic=True)
-    rows.append(
-        bench_row(
-            "AgentDojo workspace, ground-truth tool calls + AIR hooks, generic rules + manifest: time "
-            "per tool call",
-            "the same tool calls through AgentDojo's runtime without AIR",
-            g_air,
-            g_base,
-            unit="ms",
-            added_ms_per_call=round(g_air - g_base, 4),
-            state_kb=round(ws_kb, 1),
-        )
-    )
-    n_air, n_base, _ = agentdojo_workspace(args.rounds, named=False)
-    rows.append(
-        bench_row(
-            "AgentDojo workspace, ground-truth tool calls + AIR hooks, named_entities=False: time per tool call",
-            "the same tool calls through AgentDojo's runtime without AIR",
-            n_air,
-            n_base,
-            unit="ms",
-            added_ms_per_call=round(n_air - n_base, 4),
-            state_kb=round(ws_kb, 1),
-        )
-    )
     conditions += (
         " AgentDojo workspace: every user task's ground-truth calls, with the banking and slack rules, with the "
         "generic rules over the workspace manifest, and with the banking and slack rules without the named-entity "
@@ -201,18 +185,12 @@ def main() -> None:
         f"per agent step: {base:.3f} ms without AIR, {air_ms:.3f} ms with AIR (ratio {air_ms / base:.1f}); "
         f"added {added:.3f} ms (goal: under 5 ms); per hook call {statistics.median(hook_ms):.3f} ms"
     )
-    print(
-        f"AgentDojo workspace ({ws_kb:.0f} KB state): {ws_base:.3f} ms per tool call without AIR, {ws_air:.3f} ms "
-        f"with AIR; added {ws_air - ws_base:.3f} ms (goal: under 1 ms)"
-    )
-    print(
-        f"  generic rules + manifest: {g_base:.3f} ms without AIR, {g_air:.3f} ms with AIR; added "
-        f"{g_air - g_base:.3f} ms (goal: under 1 ms)"
-    )
-    print(
-        f"  named_entities=False: {n_base:.3f} ms without AIR, {n_air:.3f} ms with AIR; added "
-        f"{n_air - n_base:.3f} ms (goal: under 1 ms)"
-    )
+    for label, ws_air, ws_base, ws_kb in measured:
+        head = f"  {label}:" if label else f"AgentDojo workspace ({ws_kb:.0f} KB state):"
+        print(
+            f"{head} {ws_base:.3f} ms per tool call without AIR, {ws_air:.3f} ms with AIR; added "
+            f"{ws_air - ws_base:.3f} ms (goal: under 1 ms)"
+        )
     print(f"wrote {path}")
 
 
