@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +183,22 @@ _ENTITY = None
 MAX_ENTITY_SCAN = 1_000_000
 
 
+def _strings_walked(value: Any, per_string: Callable[[str], set[str]]) -> set[str]:
+    """The union of ``per_string`` over the strings in ``value`` (strings, lists, tuples, sets and mappings walked
+    without recursion, so nesting depth costs no stack)."""
+    out: set[str] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out |= per_string(v)
+        elif isinstance(v, Mapping):
+            stack += list(v.values())
+        elif isinstance(v, list | tuple | set):
+            stack += list(v)
+    return out
+
+
 def entities(value: Any) -> set[str]:
     """Normalised e-mail addresses, URLs, web domains and IBAN-like account numbers in ``value`` (strings, lists
     and mappings walked without recursion; the first ``MAX_ENTITY_SCAN`` characters of each string; RE2, so linear
@@ -194,17 +210,7 @@ def entities(value: Any) -> set[str]:
         ...                  "notes.txt"]))
         ['de89370400440532013000', 'eve@evil.io', 'www.evil.io/x']
     """
-    out: set[str] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            out |= string_entities(v)
-        elif isinstance(v, Mapping):
-            stack += list(v.values())
-        elif isinstance(v, list | tuple | set):
-            stack += list(v)
-    return out
+    return _strings_walked(value, string_entities)
 
 
 def string_entities(text: str, deobfuscated: str | None = None) -> set[str]:
@@ -294,17 +300,7 @@ def named_entities(value: Any) -> set[str]:
         >>> sorted(named_entities({"review": "Stay at the Riverside View Hotel, pay $1,200.50, code BK-20931"}))
         ['$1,200.50', '1200.5', 'bk-20931', 'riverside view hotel']
     """
-    out: set[str] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            out |= string_named_entities(v)
-        elif isinstance(v, Mapping):
-            stack += list(v.values())
-        elif isinstance(v, list | tuple | set):
-            stack += list(v)
-    return out
+    return _strings_walked(value, string_named_entities)
 
 
 def string_named_entities(text: str) -> set[str]:
