@@ -12,6 +12,7 @@ pytest.importorskip("agentdojo")
 
 from icml26.air.integrations.agentdojo import (
     BENCHMARK_VERSION,
+    UNCHANGING_TOOLS,
     AIRToolsExecutor,
     StateView,
     _fast_yaml,
@@ -39,6 +40,8 @@ def _replay(suite, runtime, task, every: int) -> int:
             reach = sv._reach.get(fc.function)
             if every == 1 and reach is not None:  # the fields the call cannot reach are shared, not re-dumped
                 assert all(sv._last[k] is before[k] for k in before if k not in reach)
+            if every == 1 and fc.function in UNCHANGING_TOOLS:  # nothing is dumped again
+                assert all(sv._last[k] is before[k] for k in before)
     return len(calls)
 
 
@@ -97,3 +100,47 @@ def test_adapter_uses_the_incremental_view():
     ex.query("what is my balance?", runtime, env, [msg])
     assert isinstance(ex._view, StateView)
     assert air.state.view() == env.model_dump(mode="json")
+
+
+# arguments for the read-only tools no ground truth of their suite calls (the others take the ground truths' own)
+_ARGS = {
+    "search_contacts_by_email": {"query": "@"},
+    "get_file_by_id": {"file_id": "0"},
+    "get_contact_information_for_restaurants": {"restaurant_names": ["Le Baratin", "New Israeli Restaurant"]},
+    "get_car_rental_address": {"company_name": ["SunSet Rent-A-Car", "Paris Rent-a-Car"]},
+    "search_calendar_events": {"query": "a"},
+    "get_day_calendar_events": {"day": "2024-05-15"},
+}
+
+
+@pytest.mark.parametrize("suite_name", SUITES)
+def test_unchanging_tools_change_nothing(suite_name):
+    """Every AgentDojo tool listed as unchanging leaves the environment's dump as it was, with every argument set a
+    ground truth of the suite gives it (or one from ``_ARGS``); the suite's other read-only tools are listed because
+    they do change it (``get_unread_emails`` marks mails read, ``get_webpage`` logs the request)."""
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    from icml26.air.manifest import AGENTDOJO
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, suite_name)
+    runtime = FunctionsRuntime(suite.tools)
+    args: dict[str, list[dict]] = {}
+    for tasks in (suite.user_tasks, suite.injection_tasks):
+        for task in tasks.values():
+            for fc in task.ground_truth(suite.load_and_inject_default_environment({})):
+                args.setdefault(fc.function, []).append(dict(fc.args))
+    manifest = AGENTDOJO[suite_name]
+    read_only = {name for name in runtime.functions if manifest.read_only(name)}
+    assert read_only - UNCHANGING_TOOLS <= {"get_unread_emails", "get_webpage"}
+    checked = 0
+    for name in sorted(read_only):
+        for a in args.get(name) or [_ARGS.get(name, {})]:
+            env = suite.load_and_inject_default_environment({})
+            before = env.model_dump(mode="json")
+            runtime.run_function(env, name, dict(a))
+            changed = env.model_dump(mode="json") != before
+            assert changed == (name not in UNCHANGING_TOOLS), (name, a)
+            checked += 1
+    assert checked >= len(read_only)

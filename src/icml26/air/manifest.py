@@ -178,8 +178,13 @@ class Manifest:
         return all(_live(_get(pre, r, args)) == _live(_get(now, r, args)) for r in spec.resources)
 
 
-# entities an outbound message can carry to a third party: addresses, links, domains, bank accounts (linear time)
-_ENTITY = None
+# entities an outbound message can carry to a third party: addresses, links, domains, bank accounts (linear time,
+# matched with dsl.findall_utf8)
+_ENTITY = (
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?i:https?://[^\s,;]+|www\.[^\s,;]+)"
+    r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|ch|de|uk|info|biz|xyz|fr|it)\b"
+    r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
+)
 MAX_ENTITY_SCAN = 1_000_000
 
 
@@ -216,20 +221,12 @@ def entities(value: Any) -> set[str]:
 def string_entities(text: str, deobfuscated: str | None = None) -> set[str]:
     """:func:`entities` of one string (``deobfuscated``: ``deobfuscate(text[:MAX_ENTITY_SCAN])`` when the caller
     has it already)."""
-    global _ENTITY
+    from .dsl import findall_utf8
     from .responder import deobfuscate, normalize
 
-    if _ENTITY is None:
-        from .dsl import compile_regex
-
-        _ENTITY = compile_regex(
-            r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?i:https?://[^\s,;]+|www\.[^\s,;]+)"
-            r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|ch|de|uk|info|biz|xyz|fr|it)\b"
-            r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
-        )
     d = deobfuscate(text[:MAX_ENTITY_SCAN]) if deobfuscated is None else deobfuscated
     out: set[str] = set()
-    for m in _ENTITY.findall(d):
+    for m in findall_utf8(_ENTITY, d):
         m = m.rstrip(".,;:!?)]}>\"'`")
         if " " in m and "@" not in m and "/" not in m:      # an account number written in groups
             m = m.replace(" ", "")
@@ -307,18 +304,15 @@ def string_named_entities(text: str) -> set[str]:
     """:func:`named_entities` of one string: scanned in NFKC with invisible characters removed but its line breaks
     kept (a listing's lines are separate names), the first ``MAX_ENTITY_SCAN`` characters."""
     global _NAMED
+    from .dsl import spans_utf8
     from .responder import _INVISIBLE, normalize
 
     if _NAMED is None:
         from .dsl import compile_regex
 
         compile_regex(_NAMED_PATTERN)                  # RE2 accepts it (a clear error otherwise)
-        import re2
-
-        options = re2.Options()
-        options.log_errors = False
         # the same pattern with its three groups made non-capturing (it has no escaped parenthesis)
-        _NAMED = re2.compile(_NAMED_PATTERN.replace("(", "(?:").replace("(?:?", "(?").encode(), options)
+        _NAMED = _NAMED_PATTERN.replace("(", "(?:").replace("(?:?", "(?")
     d = text[:MAX_ENTITY_SCAN]
     if not d.isascii():
         import unicodedata
@@ -326,18 +320,19 @@ def string_named_entities(text: str) -> set[str]:
         d = unicodedata.normalize("NFKC", d.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
     b = _INVISIBLE.sub("", d).encode("utf-8", "replace")
     out: set[str] = set()
-    for i, m in enumerate(_NAMED.finditer(b)):
+    for i, (start, end) in enumerate(spans_utf8(_NAMED, b)):
         if i >= MAX_NAMED_PER_STRING:
             break
-        hit = m.group().decode("utf-8", "replace")
-        digits = _AMOUNT_TOKEN.sub("", hit).strip(" ")
+        hit = b[start:end].decode("utf-8", "replace")
         amount = name = ident = ""
-        if digits != hit.strip(" ") and digits and all(ch.isdigit() or ch in ",." for ch in digits):
-            amount = hit                                 # a currency and a number, nothing else
-        elif any(ch.isdigit() for ch in hit):
-            ident = hit                                  # names are letters only
+        if not any(map(str.isdigit, hit)):
+            name = hit                                   # names are letters only; amounts and identifiers have digits
         else:
-            name = hit
+            digits = _AMOUNT_TOKEN.sub("", hit).strip(" ")
+            if digits != hit.strip(" ") and digits and all(ch.isdigit() or ch in ",." for ch in digits):
+                amount = hit                             # a currency and a number, nothing else
+            else:
+                ident = hit
         if amount:
             out.add(normalize(amount))
             c = canonical_amount(amount)

@@ -63,6 +63,7 @@ from .dsl import (
     RuleSchema,
     RuleSet,
     compile_regex,
+    findall_utf8,
     mentions_root,
     resolve,
     schema_errors,
@@ -172,6 +173,8 @@ def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
     if before is after:                      # a cached view shared between hooks: nothing changed
         return []
     if isinstance(before, Mapping) and isinstance(after, Mapping):
+        if before == after:                  # equal mappings (compared in C): no change below them either
+            return []
         out = []
         for k in sorted(set(before) | set(after), key=str):
             out += diff(before.get(k), after.get(k), f"{path}.{k}" if path else str(k))
@@ -180,8 +183,9 @@ def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
 
 
 # linear-time (RE2): a tool output of any size is scanned in one pass
-_TAINT = compile_regex(r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
-                       r"|\b[A-Z]{2}\d{12,32}\b")
+_TAINT = (r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
+          r"|\b[A-Z]{2}\d{12,32}\b")
+compile_regex(_TAINT)                  # RE2 accepts it (matched with findall_utf8)
 _ADDRESS = compile_regex(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 _PATH = compile_regex(r"(?:/|~/)[\w./-]+|\b[\w-]+\.[a-z0-9]{1,4}\b")
 MAX_SCAN_CHARS = 1_000_000       # the part of one string scanned for tainted values
@@ -249,6 +253,58 @@ class NormalizedStrings(list):
         return super().__contains__(normalize(item) if isinstance(item, str) else item)
 
 
+class Context(Mapping):
+    """``ctx`` as rules read it: fixed values, then lazily built ones (each computed on its first read and kept),
+    then more fixed values. Copied or pickled as a plain ``dict`` (every value built).
+
+    Args:
+        values: the values given now (``user_task``, ``steps``, ``step``).
+        lazy: a mapping read on demand (a :class:`Context` of thunks shared by the contexts of one taint version)
+            or a ``dict`` of zero-argument callables.
+        tail: more values given now (the user's mentions).
+
+    Example:
+        >>> calls = []
+        >>> c = Context({"a": 1}, {"b": lambda: calls.append(1) or 2})
+        >>> len(calls), c["b"], c["b"], len(calls), dict(c)
+        (0, 2, 2, 1, {'a': 1, 'b': 2})
+    """
+
+    __slots__ = ("_built", "_lazy", "_tail", "_values")
+
+    def __init__(self, values: dict[str, Any], lazy: Mapping[str, Any], tail: Mapping[str, Any] | None = None):
+        self._values, self._lazy, self._tail = values, lazy, tail if tail is not None else {}
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._values:
+            return self._values[key]
+        if key in self._tail:
+            return self._tail[key]
+        if isinstance(self._lazy, Context):
+            return self._lazy[key]
+        if key not in self._built:
+            self._built[key] = self._lazy[key]()    # KeyError for an unknown key
+        return self._built[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values or key in self._lazy or key in self._tail
+
+    def __iter__(self) -> Any:
+        yield from self._values
+        yield from (k for k in self._lazy if k not in self._values)
+        yield from (k for k in self._tail if k not in self._values and k not in self._lazy)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __reduce__(self) -> Any:
+        return dict, (dict(self.items()),)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
 def instruction_strings(value: Any) -> set[str]:
     """The entities a tool output introduces (:func:`~icml26.air.manifest.entities`: addresses, links, domains,
     account numbers; and :func:`~icml26.air.manifest.named_entities`: names of people, hotels, restaurants and
@@ -292,7 +348,7 @@ def scan_output(value: Any, named: bool = True) -> tuple[set[str], set[str]]:
         v, is_key = stack.pop()
         if isinstance(v, str):
             d = deobfuscate(v[:MAX_SCAN_CHARS])
-            out.update(normalize(m.rstrip(".,;:!?)]}>\"'`")) for m in _TAINT.findall(d))
+            out.update(normalize(m.rstrip(".,;:!?)]}>\"'`")) for m in findall_utf8(_TAINT, d))
             e = string_entities(v, d if same_cap else None)     # addresses, links, domains, accounts
             if named:
                 e |= string_named_entities(v)    # names, amounts, identifiers (line by line)
@@ -373,6 +429,45 @@ class TraceStep:
     call: dict[str, Any]
     state: Any
     ctx: dict[str, Any]
+
+
+class _EpisodeFacts:
+    """What an episode's contexts derive their lists from, fixed at its first context: the user's task, the known
+    parties (or the state view they are read from, when a rule first needs them) and per-episode memos."""
+
+    def __init__(self, user_task: str, named: bool, manifest: Any, known: Any):
+        self.user_task, self.named, self.manifest = user_task, named, manifest
+        self._known_src = known
+        self._known: list[str] | None = None
+        self._task_ents: set[str] | None = None
+        self._named_memo: dict[str, bool] = {}
+
+    def known_parties(self) -> list[str]:
+        """The normalised parties under the manifest's ``known`` paths, as the episode's first context saw them."""
+        if self._known is None:
+            src = self._known_src
+            self._known = (src if isinstance(src, NormalizedStrings) else NormalizedStrings() if src is None
+                           else NormalizedStrings(self.manifest.known_parties(src)))
+        return self._known
+
+    def task_entities(self) -> set[str]:
+        """The entities the user's task itself names (in the forms taint keeps: an amount as written and as a
+        number)."""
+        if self._task_ents is None:
+            self._task_ents = scan_output(self.user_task[:MAX_SCAN_CHARS], self.named)[1]
+        return self._task_ents
+
+    def unvouched(self, instruction_taint: set[str], vouched: set[str]) -> list[str]:
+        """The entities tool outputs introduced (``instruction_taint``) that neither the user's task, the known
+        parties nor a source the user named (``vouched``) vouch for."""
+        from .predicates import named_by_user
+
+        known = set(self.known_parties()) | vouched | self.task_entities()
+        named = self._named_memo            # whether the task names x (the task is fixed)
+        for x in instruction_taint:
+            if x not in named:
+                named[x] = named_by_user(self.user_task, x)
+        return NormalizedStrings(sorted(x for x in instruction_taint if x not in known and not named[x]))
 
 
 class IncidentResponder:
@@ -471,9 +566,7 @@ class IncidentResponder:
         self.step = 0
         self._invalidate()
         self._ctx_cache: tuple[Any, ...] | None = None
-        self._task_ents: tuple[str, set[str]] | None = None
         self._task_mentioned: tuple[str, dict[str, list[str]]] | None = None
-        self._named_memo: dict[str, bool] = {}
         # per-rule analyses (reads the state? which checks are semantic?) keyed by rule identity; dropped when
         # episode rules have made them large (bounded memory)
         if len(getattr(self, "_reads_memo", ())) + len(getattr(self, "_split_memo", ())) > 4096 or \
@@ -493,47 +586,38 @@ class IncidentResponder:
         self.trace: list[TraceStep] = []
         self._pre: Mapping[str, Any] | None = None
         self._pre_ctx: dict[str, Any] | None = None
-        self._known: list[str] | None = None
+        self._episode: _EpisodeFacts | None = None  # set at the episode's first context
         self._last_state = self.state.snapshot() if user_task and self._tracks_changes else None
         self.stopped = False
 
-    def ctx(self) -> dict[str, Any]:
+    def ctx(self) -> Mapping[str, Any]:
+        """The context rules read as ``ctx`` (a read-only :class:`Context`)."""
         if not self.use_context:
             return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
                     "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step,
                     "known_parties": []}
-        # the taint-derived lists change only when a tool output adds to the taint: built once per change and
-        # shared (read-only) by the hooks and trace steps in between
-        key = (self._taint_version, self.user_task, self._known is not None)
+        if self._episode is None:       # the episode's first context: the known parties are those it sees
+            self._episode = _EpisodeFacts(self.user_task, self.named_entities, self.manifest, self._known_source())
+        # the taint-derived lists change only when a tool output adds to the taint: one lazy set of them per change,
+        # shared (read-only) by the hooks and trace steps in between; each list is built on its first read, from
+        # what was current here (the taint sets are replaced, never changed in place: _add_taint; the episode's
+        # facts are fixed), so a context read late reads what an eager one would have held
+        key = self._taint_version
         if self._ctx_cache is None or self._ctx_cache[0] != key:
-            self._ctx_cache = (key, {"strings_from_tool_outputs": NormalizedStrings(sorted(self.taint)),
-                                     "strings_from_instructions": self._unvouched(),
-                                     "known_parties": self._known_parties(), **self._mentioned()})
-        return {"user_task": self.user_task, "steps": list(self.window), "step": self.step, **self._ctx_cache[1]}
-
-    def _unvouched(self) -> list[str]:
-        """The entities tool outputs introduced that neither the user's task nor the known parties vouch for."""
-        from .predicates import named_by_user
-
-        known = set(self._known_parties()) | self.vouched | self._task_entities()
-        named = self._named_memo            # whether the task names x: memoised per episode (the task is fixed)
-        for x in self.instruction_taint:
-            if x not in named:
-                named[x] = named_by_user(self.user_task, x)
-        return NormalizedStrings(sorted(x for x in self.instruction_taint if x not in known and not named[x]))
+            taint, instr, vouched, ep = self.taint, self.instruction_taint, self.vouched, self._episode
+            self._ctx_cache = (key, Context({}, {
+                "strings_from_tool_outputs": lambda: NormalizedStrings(sorted(taint)),
+                "strings_from_instructions": lambda: ep.unvouched(instr, vouched),
+                "known_parties": ep.known_parties}), self._mentioned())
+        lazy, mentioned_lists = self._ctx_cache[1:]
+        return Context({"user_task": self.user_task, "steps": list(self.window), "step": self.step}, lazy,
+                       mentioned_lists)
 
     def _mentioned(self) -> dict[str, list[str]]:
         """:func:`mentioned` of the user's task, computed once per episode (the lists are shared read-only)."""
         if self._task_mentioned is None or self._task_mentioned[0] != self.user_task:
             self._task_mentioned = (self.user_task, mentioned(self.user_task))
         return self._task_mentioned[1]
-
-    def _task_entities(self) -> set[str]:
-        """The entities the user's task itself names (in the forms taint keeps: an amount as written and as a
-        number), computed once per episode."""
-        if self._task_ents is None or self._task_ents[0] != self.user_task:
-            self._task_ents = (self.user_task, scan_output(self.user_task[:MAX_SCAN_CHARS], self.named_entities)[1])
-        return self._task_ents[1]
 
     def _user_directed(self, call: ToolCall) -> bool:
         """Whether the call reads a source the user's task names (a file, page, channel or account given as an
@@ -551,12 +635,14 @@ class IncidentResponder:
                 stack += list(v)
         return False
 
-    def _known_parties(self) -> list[str]:
+    def _known_source(self) -> Any:
+        """What the known parties are read from, taken at the episode's first context: the state view when the
+        provider's views are never changed afterwards (``fresh``: the parties are read from it when a rule first
+        needs them), otherwise the parties, read now; None when there are none."""
         if self.manifest is None or not self.manifest.known or not self.use_state:
-            return NormalizedStrings()
-        if self._known is None:            # the parties the user deals with at the start of the episode
-            self._known = NormalizedStrings(self.manifest.known_parties(self.state.view()))
-        return self._known
+            return None
+        view = self.state.view()
+        return view if getattr(self.state, "fresh", False) else NormalizedStrings(self.manifest.known_parties(view))
 
     def _state(self) -> Any:
         return self.state.view() if self.use_state else {}
@@ -620,16 +706,19 @@ class IncidentResponder:
                             else json.loads(json.dumps(result, default=str))})
         if call.origin == "agent" and d.kind != "block":
             tainted, found = scan_output(result, self.named_entities)   # tainted_strings, instruction_strings
-            self._add_taint(self.taint, tainted)
+            self._add_taint("taint", tainted)
             if self._user_directed(call):               # a source the user named vouches for what it carries
-                self._add_taint(self.vouched, found)
+                self._add_taint("vouched", found)
             else:
-                self._add_taint(self.instruction_taint, found)
+                self._add_taint("instruction_taint", found)
         d = _merge(d, self._verify_pending())
         self.timings.append(time.perf_counter() - t0)
         return d
 
-    def _add_taint(self, into: set[str], new: set[str]) -> None:
+    def _add_taint(self, name: str, new: set[str]) -> None:
+        """Add ``new`` to the set ``self.<name>`` (``taint``, ``vouched`` or ``instruction_taint``), replaced by a
+        new set, never changed in place: the contexts taken earlier keep reading the sets they saw."""
+        into = getattr(self, name)
         new = new - into
         if not new:
             return
@@ -638,7 +727,7 @@ class IncidentResponder:
             self.check_errors.append(f"taint set capped at {MAX_TAINT} strings")
             new = set(sorted(new)[: max(room, 0)])
         if new:
-            into |= new
+            setattr(self, name, into | new)
             self._taint_version += 1
 
     def finish(self) -> list[Incident]:

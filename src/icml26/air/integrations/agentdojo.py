@@ -90,10 +90,34 @@ def view(env: Any) -> dict[str, Any]:
     return _View(env.model_dump(mode="json"))
 
 
+#: AgentDojo's tools whose calls change nothing in the environment (v1.2.1's source): every tool the suites'
+#: manifests declare read-only but ``get_unread_emails`` (it marks the mails it returns read) and ``get_webpage`` (it
+#: logs the request). A test calls each of them in every suite that has it and compares the environment's dump
+#: before and after (and checks that those two do change it).
+UNCHANGING_TOOLS = frozenset({
+    # workspace
+    "get_sent_emails", "get_received_emails", "get_draft_emails", "search_emails", "search_contacts_by_name",
+    "search_contacts_by_email", "get_current_day", "search_calendar_events", "get_day_calendar_events",
+    "search_files_by_filename", "get_file_by_id", "list_files", "search_files",
+    # banking
+    "get_iban", "get_balance", "get_most_recent_transactions", "get_scheduled_transactions", "read_file",
+    "get_user_info",
+    # slack
+    "get_channels", "read_channel_messages", "read_inbox", "get_users_in_channel",
+    # travel
+    "get_user_information", "get_all_hotels_in_city", "get_hotels_prices", "get_rating_reviews_for_hotels",
+    "get_hotels_address", "get_all_restaurants_in_city", "get_cuisine_type_for_restaurants",
+    "get_restaurants_address", "get_rating_reviews_for_restaurants", "get_dietary_restrictions_for_all_restaurants",
+    "get_contact_information_for_restaurants", "get_price_for_restaurants", "check_restaurant_opening_hours",
+    "get_all_car_rental_companies_in_city", "get_car_types_available", "get_rating_reviews_for_car_rental",
+    "get_car_fuel_options", "get_car_rental_address", "get_car_price_per_day", "get_flight_information",
+})
+
+
 class StateView:
     """:func:`view` re-dumped field by field: after a tool call only the top-level environment fields the tool can
     reach are dumped again, the others are shared with the previous view (so :func:`~icml26.air.responder.diff`
-    short-circuits on them by identity).
+    short-circuits on them by identity); after a call of one of AgentDojo's own :data:`UNCHANGING_TOOLS` nothing is.
 
     The fields a tool can reach are its AgentDojo dependencies (``Depends("inbox")``: the runtime hands the tool
     those fields and nothing else); a tool with a computed dependency, a tool the runtime does not know, or a view
@@ -119,6 +143,9 @@ class StateView:
         for name, fn in (getattr(runtime, "functions", None) or {}).items():
             deps = [d.env_dependency for d in fn.dependencies.values()]
             self._reach[name] = frozenset(deps) if all(isinstance(d, str) for d in deps) else None
+            # AgentDojo's own function (not a user's tool of the same name) that changes nothing: reaches nothing
+            if name in UNCHANGING_TOOLS and getattr(fn.run, "__module__", "").startswith("agentdojo.default_suites."):
+                self._reach[name] = frozenset()
         self._last: dict[str, Any] | None = None
         self._dirty: set[str] | None = None           # fields to dump again; None: everything
         self._noted = False                            # a call was noted since the last view
