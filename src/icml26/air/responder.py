@@ -46,6 +46,7 @@ import copy
 import functools
 import itertools
 import json
+import operator
 import os
 import re
 import time
@@ -573,6 +574,7 @@ class IncidentResponder:
                 not hasattr(self, "_reads_memo"):
             self._reads_memo: dict[int, tuple[Rule, bool]] = {}
             self._split_memo: dict[int, tuple[Rule, list[Any], list[Any]]] = {}
+            self._triggered_memo: dict[tuple[str, str | None], tuple[list[Rule], list[Rule]]] = {}
         self._taint_version = 0
         self.window: deque[dict[str, Any]] = deque(maxlen=self.context_k)
         self.taint: set[str] = set()
@@ -678,7 +680,7 @@ class IncidentResponder:
             self.trace.append(TraceStep(self._call_view(call), self._pre if self.use_state else {}, self._pre_ctx))
         if call.name in self.quarantined and call.origin == "agent":
             d = Decision("block", f"the tool {call.name} is quarantined after an incident in this episode")
-        elif call.origin == "agent" and _signature(call) in self.blocked_calls:
+        elif call.origin == "agent" and self.blocked_calls and _signature(call) in self.blocked_calls:
             d = Decision("block", "this call caused an incident earlier in the episode; it is blocked")
         else:
             # a fresh provider's snapshot is the current view: rules read it instead of building another
@@ -796,7 +798,7 @@ class IncidentResponder:
             return Decision("stop", "the episode was stopped by an incident")
         out = Decision()
         tool = call.name if call is not None else None
-        rules = [r for r in sorted(self._active_rules(), key=lambda r: -r.priority) if r.fires_on(phase, tool)]
+        rules = self._triggered(phase, tool)
         if not rules:
             return out
         # the state is read (one model_dump on a cached provider) only when a triggered rule reads it; otherwise
@@ -818,6 +820,19 @@ class IncidentResponder:
             out = _merge(out, self._incident(rule, phase, call, env))
         return out
 
+    def _triggered(self, phase: str, tool: str | None) -> list[Rule]:
+        """The active rules ``phase`` (and ``tool``) trigger, by priority; memoised while the active rules are the
+        same objects (rules are frozen; eradication and containment add rules, which makes a new list)."""
+        active = self._active_rules()
+        hit = self._triggered_memo.get((phase, tool))
+        if hit is not None and len(hit[0]) == len(active) and all(map(operator.is_, hit[0], active)):
+            return hit[1]
+        if len(self._triggered_memo) > 1024:              # tool names come from the agent: bounded memory
+            self._triggered_memo.clear()
+        rules = [r for r in sorted(active, key=lambda r: -r.priority) if r.fires_on(phase, tool)]
+        self._triggered_memo[(phase, tool)] = (active, rules)
+        return rules
+
     def _reads_state(self, rule: Rule) -> bool:
         """Whether a rule's ``when``/``detect`` may read ``state`` (a path under it, a macro, or a semantic check,
         which sees the whole environment); memoised per rule object."""
@@ -837,9 +852,11 @@ class IncidentResponder:
         if env.get("state") is _UNREAD:              # bound now: the evidence and the recovery read it
             env["state"] = self._state()
         # a fresh provider's views are new structures nobody mutates: the incident keeps them as they are (no deep
-        # copy of the state, issue #36 item 7); a live view (DictState without fresh) is copied
+        # copy of the state, issue #36 item 7), and a Context too (it reads what it held when taken, whenever it is
+        # read); a live view (DictState without fresh) is copied
         shared = ("state", "snap") if getattr(self.state, "fresh", False) else ()
-        bindings = {k: v if k in shared else copy.deepcopy(v) for k, v in env.items()}
+        bindings = {k: v if k in shared or (k == "ctx" and isinstance(v, Context)) else copy.deepcopy(v)
+                    for k, v in env.items()}
         inc = Incident(next(_ids), rule.name, rule.severity, phase, self.step, call.view() if call else None,
                        {"diff": diff(env["snap"]["pre_step"], env["state"]) if phase != "before_action" else [],
                         "call": call.view() if call else None}, time.time(), bindings=bindings)
