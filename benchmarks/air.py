@@ -7,8 +7,10 @@
    tool calls through AgentDojo's own ``FunctionsRuntime`` (results to text as its pipeline does), once bare and
    once inside AIR's hooks
    (``before_step``, ``before_action``, ``after_action``) with the adapter's state provider (``DictState(
-   StateView(env, runtime), cache=True)``: one dump per tool call, copy-on-write, of only the environment fields
-   the call can reach), three times: with the banking and slack rules (the
+   StateView(env, runtime, defer=True), cache=True)``: copy-on-write views, re-dumped after a call only in the
+   environment fields the call can reach and not at all after a call of a tool that changes nothing; a snapshot
+   is built when first read or before a call that can change the environment, announced with ``before_call``
+   as the adapter does), three times: with the banking and slack rules (the
    earlier benchmark's setting), with the generic rules over the workspace manifest (what the AgentDojo v2
    protocol runs; their false positives on benign ground truth make incidents, whose evidence is bound too), and
    with the banking and slack rules and ``named_entities=False``. One responder per round runs every task as an
@@ -20,7 +22,7 @@
    collector's scans while it runs (``gc.freeze``): collections in the timed region still run, over what the calls
    and AIR allocate, but a full collection over the harness's heap (about 0.2 s) no longer lands in whichever arm
    happens to cross the threshold. ``first_call_hook_ms`` and ``later_call_hook_ms``: AIR's hooks on an episode's
-   first call (which dumps the whole environment once) and on its later calls, by the hooks' own clock.
+   first call and on its later calls, by the hooks' own clock.
 
 ``--rounds`` interleaved repeats, medians, one thread.
 Writes ``results/air/bench.json`` (the README's benchmark table is generated from it by ``icml26 report``).
@@ -92,7 +94,7 @@ def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True
                 plan = list(ut.ground_truth(env))
                 state = None
                 if with_air:
-                    state = StateView(env, runtime)  # as the adapter (AIRToolsExecutor)
+                    state = StateView(env, runtime, defer=True)  # as the adapter (AIRToolsExecutor)
                     air.state = DictState(state, cache=True)
                     air.begin(ut.PROMPT)
                 gc.freeze()  # the collector's scans skip what was alive before the task (the loaded environment)
@@ -104,6 +106,8 @@ def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True
                         air.before_step()
                         if not air.before_action(call).allowed:
                             continue
+                    if with_air:
+                        state.before_call(fc.function)
                     result, error = runtime.run_function(env, fc.function, dict(fc.args))
                     text = tool_result_to_str(result) if error is None else f"error: {error}"  # as the pipeline
                     if with_air:
@@ -124,7 +128,7 @@ def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", default="results", help="results root (bench.json goes to OUT/air/)")
     args = parser.parse_args()
     set_threads(1)
@@ -198,13 +202,14 @@ def main() -> None:
         " AgentDojo workspace: every user task's ground-truth calls, with the banking and slack rules, with the "
         "generic rules over the workspace manifest, and with the banking and slack rules without the named-entity "
         "taint (named_entities=False: addresses, links, domains and accounts only); the adapter's cached state view "
-        "(DictState(StateView(...), cache=True): one dump per tool call of only the environment fields the "
-        "call can reach, reused by every hook until the next call runs; one responder per round, an episode per "
+        "(DictState(StateView(..., defer=True), cache=True): after a call only the environment fields the call can "
+        "reach are dumped again, none after a tool that changes nothing, and a snapshot is built when first read or "
+        "before a call that can change the environment; one responder per round, an episode per "
         "task, as the adapter's evaluation; each task bare and with AIR back to back, alternating which goes first; "
         "added = median over rounds of the paired difference; the objects alive before each timed task (the loaded "
         "environment) frozen out of the cyclic collector's scans during it (gc.freeze), so a 0.2 s collection over "
         "the harness's heap does not land in one arm; first_call_hook_ms / later_call_hook_ms: the hooks' own time "
-        "on an episode's first call (one full dump of the environment) and on its later calls; the goal is under "
+        "on an episode's first call and on its later calls; the goal is under "
         "1 ms added per call)."
     )
     path = write_bench("air", rows, conditions=conditions, out_dir=args.out)

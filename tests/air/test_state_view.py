@@ -6,6 +6,8 @@ marking mails read, would make the views differ)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("agentdojo")
@@ -144,3 +146,107 @@ def test_unchanging_tools_change_nothing(suite_name):
             assert changed == (name not in UNCHANGING_TOOLS), (name, a)
             checked += 1
     assert checked >= len(read_only)
+
+
+def _run_episode(suite, runtime, task, defer: bool):
+    """``task``'s ground truth with the generic rules through a (deferring or not) StateView, as the adapter runs
+    calls; returns decisions, incidents (rule, phase, evidence diff) and the trace's states as plain dicts."""
+    from icml26.air import builtin_rules
+    from icml26.air.manifest import AGENTDOJO
+    from icml26.air.responder import DictState, IncidentResponder, ToolCall
+
+    env = suite.load_and_inject_default_environment({})
+    sv = StateView(env, runtime, defer=defer)
+    air = IncidentResponder(builtin_rules("generic"), DictState(sv, cache=True),
+                            manifest=AGENTDOJO[suite.name])
+
+    def execute(call):
+        sv.before_call(call.name)
+        result, _error = runtime.run_function(env, call.name, dict(call.args))
+        sv.touched(call.name)
+        return result
+
+    air.begin(task.PROMPT, executor=execute)
+    decisions = []
+    for fc in task.ground_truth(env):
+        call = ToolCall(fc.function, dict(fc.args))
+        d = air.before_step()
+        if d.allowed:
+            d = air.before_action(call)
+        decisions.append(d.kind)
+        if not d.allowed:
+            continue
+        sv.before_call(fc.function)
+        result, error = runtime.run_function(env, fc.function, dict(fc.args))
+        sv.touched(fc.function)
+        decisions.append(air.after_action(call, str(result) if error is None else error).kind)
+    air.finish()
+    incidents = [(i.rule, i.phase, i.evidence["diff"], i.remediated) for i in air.incidents]
+    return _no_clock((decisions, incidents, [dict(s.state) for s in air.trace]))
+
+
+_NOW = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+$")  # datetime.now() (the environments' own have no fraction)
+
+
+def _no_clock(v):
+    """``v`` with the timestamps AgentDojo's tools take from the clock (sending an invitation) replaced."""
+    if isinstance(v, str):
+        return "<now>" if _NOW.match(v) else v
+    if isinstance(v, dict):
+        return {k: _no_clock(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return type(v)(_no_clock(x) for x in v)
+    return v
+
+
+@pytest.mark.parametrize("suite_name", SUITES)
+def test_deferred_snapshots_give_the_same_episodes(suite_name):
+    """Snapshots built when first read (defer=True, as the adapter runs) give every user task's episode with the
+    generic rules exactly as snapshots dumped when taken: decisions, incidents with their evidence, trace states."""
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, suite_name)
+    runtime = FunctionsRuntime(suite.tools)
+    for task in suite.user_tasks.values():
+        assert _run_episode(suite, runtime, task, True) == _run_episode(suite, runtime, task, False), task.ID
+
+
+def test_a_deferred_snapshot_read_late_is_the_state_when_taken():
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, "workspace")
+    runtime = FunctionsRuntime(suite.tools)
+    for task in list(suite.user_tasks.values())[:12]:
+        env = suite.load_and_inject_default_environment({})
+        sv = StateView(env, runtime, defer=True)
+        taken = []
+        for fc in task.ground_truth(env):
+            snap = sv.deferred()
+            assert sv.deferred() is snap and not snap.built      # one waiting snapshot per state
+            taken.append((snap, env.model_dump(mode="json")))
+            sv.before_call(fc.function)
+            assert snap.built == (fc.function not in UNCHANGING_TOOLS)  # built before a call that can change
+            runtime.run_function(env, fc.function, dict(fc.args))
+            sv.touched(fc.function)
+        for snap, then in taken:                                   # read after the whole episode
+            assert dict(snap) == then
+
+
+def test_an_unannounced_changing_call_with_a_waiting_snapshot_raises():
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, "banking")
+    runtime = FunctionsRuntime(suite.tools)
+    env = suite.load_and_inject_default_environment({})
+    sv = StateView(env, runtime, defer=True)
+    sv.deferred()
+    sv.touched("get_balance")  # changes nothing: the snapshot still holds
+    with pytest.raises(RuntimeError, match="before_call"):
+        sv.touched("send_money")
+    assert StateView(env, runtime).deferred() == env.model_dump(mode="json")  # defer=False: the view itself

@@ -153,24 +153,109 @@ class DictState:
     def __init__(self, getter: Callable[[], Mapping[str, Any]], *, fresh: bool = False, cache: bool = False):
         self.getter, self.fresh, self.cache = getter, fresh or cache, cache
         self._cached: Mapping[str, Any] | None = None
+        self._deferred: DeferredView | None = None
 
     def view(self) -> Mapping[str, Any]:
         if not self.cache:
             return self.getter()
         if self._cached is None:
-            self._cached = self.getter()
+            d = self._deferred
+            self._cached = d.value() if d is not None else self.getter()
         return self._cached
 
     def snapshot(self) -> Mapping[str, Any]:
+        """The state now, kept as it is; with ``cache`` and a getter that has ``deferred()`` (the AgentDojo adapter's
+        :class:`~icml26.air.integrations.agentdojo.StateView` with ``defer=True``), a :class:`DeferredView` that is
+        built when first read, or by the getter before a call that can change the state."""
+        if self.cache and self._cached is None:
+            if self._deferred is not None:
+                return self._deferred
+            deferred = getattr(self.getter, "deferred", None)
+            if deferred is not None:
+                v = deferred()
+                if isinstance(v, DeferredView):
+                    self._deferred = v
+                else:
+                    self._cached = v
+                return v
         return self.view() if self.fresh else copy.deepcopy(self.getter())
 
     def invalidate(self) -> None:
         """A call has run: the next view is built again."""
         self._cached = None
+        self._deferred = None
+
+
+class DeferredView(Mapping):
+    """A state view taken now and built on its first read (``build`` returns it).
+
+    Whoever hands one out must build it before the state can change (the AgentDojo adapter's ``StateView`` does,
+    before any call that can change the environment), so reading it late gives the state as it was when taken.
+    Copies and pickles are of the built view.
+
+    Example:
+        >>> builds = []
+        >>> v = DeferredView(lambda: builds.append(1) or {"n": 1})
+        >>> len(builds), v["n"], dict(v), v == {"n": 1}, len(builds)
+        (0, 1, {'n': 1}, True, 1)
+    """
+
+    __slots__ = ("_build", "_value")
+
+    def __init__(self, build: Callable[[], Mapping[str, Any]]):
+        self._build: Callable[[], Mapping[str, Any]] | None = build
+        self._value: Mapping[str, Any] | None = None
+
+    @property
+    def built(self) -> bool:
+        return self._build is None
+
+    def value(self) -> Mapping[str, Any]:
+        """The view (built now if it is not yet)."""
+        if self._build is not None:
+            build, self._build = self._build, None
+            self._value = build()
+        return self._value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.value()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.value()
+
+    def __iter__(self) -> Any:
+        return iter(self.value())
+
+    def __len__(self) -> int:
+        return len(self.value())
+
+    def __eq__(self, other: object) -> bool:
+        return self.value() == (other.value() if isinstance(other, DeferredView) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return _built, (self.value(),)
+
+    def __repr__(self) -> str:
+        return f"DeferredView({self.value()!r})"
+
+
+def _built(value: Any) -> Any:
+    return value
 
 
 def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
-    """Changes between two JSON-like values: ``[{"path", "before", "after"}]`` (missing = None)."""
+    """Changes between two JSON-like values: ``[{"path", "before", "after"}]`` (missing = None); a
+    :class:`DeferredView` is compared as the view it builds."""
+    if isinstance(before, DeferredView):
+        before = before.value()
+    if isinstance(after, DeferredView):
+        after = after.value()
+    return _diff(before, after, path)
+
+
+def _diff(before: Any, after: Any, path: str) -> list[dict[str, Any]]:
     if before is after:                      # a cached view shared between hooks: nothing changed
         return []
     if isinstance(before, Mapping) and isinstance(after, Mapping):
@@ -178,7 +263,7 @@ def diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
             return []
         out = []
         for k in sorted(set(before) | set(after), key=str):
-            out += diff(before.get(k), after.get(k), f"{path}.{k}" if path else str(k))
+            out += _diff(before.get(k), after.get(k), f"{path}.{k}" if path else str(k))
         return out
     return [] if before == after else [{"path": path, "before": before, "after": after}]
 
@@ -643,8 +728,9 @@ class IncidentResponder:
         needs them), otherwise the parties, read now; None when there are none."""
         if self.manifest is None or not self.manifest.known or not self.use_state:
             return None
-        view = self.state.view()
-        return view if getattr(self.state, "fresh", False) else NormalizedStrings(self.manifest.known_parties(view))
+        if getattr(self.state, "fresh", False):     # the snapshot (built when the parties are first read)
+            return self.state.snapshot()
+        return NormalizedStrings(self.manifest.known_parties(self.state.view()))
 
     def _state(self) -> Any:
         return self.state.view() if self.use_state else {}
@@ -1092,7 +1178,9 @@ def replay(trace: Iterable[TraceStep], rules: Sequence[Rule], evaluator: Evaluat
 
 __all__ = [
     "Action",
+    "Context",
     "Decision",
+    "DeferredView",
     "DictState",
     "Incident",
     "IncidentResponder",

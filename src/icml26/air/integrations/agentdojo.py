@@ -32,7 +32,7 @@ from typing import Any
 
 from ...common.optional import requires
 from ..dsl import Rule, RuleSet
-from ..responder import DictState, IncidentResponder, ToolCall
+from ..responder import DeferredView, DictState, IncidentResponder, ToolCall
 
 requires("agentdojo", extra="agents-dojo", purpose="the AgentDojo integration")
 
@@ -126,9 +126,17 @@ class StateView:
     calls and AIR's recovery calls; a test checks the equality after every ground-truth call of every suite's user
     and injection tasks).
 
+    With ``defer=True`` a snapshot (:meth:`deferred`, which ``DictState.snapshot`` asks for) is not dumped when taken
+    but when first read, or at :meth:`before_call` of a call that can change the environment, whichever comes first:
+    a call of an unchanging tool leaves the environment as the snapshot saw it, so an episode of reads dumps
+    nothing it does not read (the first view of an episode is a full dump). Whoever runs the calls must then
+    announce each with :meth:`before_call` (the adapter does); :meth:`touched` raises when a call that can change
+    the environment ran unannounced while a snapshot waited to be built.
+
     Args:
         env: the AgentDojo environment (a pydantic model).
         runtime: its ``FunctionsRuntime`` (the tools' dependencies); None: every view is a full dump.
+        defer: build snapshots when first read (above).
 
     Example:
         >>> from types import SimpleNamespace
@@ -137,8 +145,9 @@ class StateView:
         [1]
     """
 
-    def __init__(self, env: Any, runtime: Any = None):
-        self.env = env
+    def __init__(self, env: Any, runtime: Any = None, *, defer: bool = False):
+        self.env, self.defer = env, defer
+        self._pending: DeferredView | None = None     # a snapshot handed out and not built yet
         self._reach: dict[str, frozenset[str] | None] = {}
         for name, fn in (getattr(runtime, "functions", None) or {}).items():
             deps = [d.env_dependency for d in fn.dependencies.values()]
@@ -153,13 +162,40 @@ class StateView:
     def touched(self, tool: str) -> None:
         """A call of ``tool`` has run on the environment."""
         reach = self._reach.get(tool)
+        if self._pending is not None and reach != frozenset():
+            self._pending = None
+            raise RuntimeError(f"StateView(defer=True): {tool!r} may have changed the environment before a waiting "
+                               "snapshot was built; announce every call with before_call(tool) before running it")
         self._noted = True
         if reach is None or self._dirty is None:
             self._dirty = None
         else:
             self._dirty |= reach
 
+    def before_call(self, tool: str) -> None:
+        """A call of ``tool`` is about to run: a waiting snapshot is built now unless the tool changes nothing."""
+        if self._pending is not None and self._reach.get(tool) != frozenset():
+            self._pending.value()
+
+    def deferred(self) -> Any:
+        """A snapshot of the environment now: with ``defer``, a :class:`~icml26.air.responder.DeferredView` (one per
+        state: the same object until it is built); otherwise the view itself."""
+        if not self.defer:
+            return self()
+        if self._pending is None:
+            self._pending = DeferredView(self._build_pending)
+        return self._pending
+
+    def _build_pending(self) -> dict[str, Any]:
+        self._pending = None
+        return self._build()
+
     def __call__(self) -> dict[str, Any]:
+        if self._pending is not None:                  # the waiting snapshot is the view now: built once
+            return self._pending.value()
+        return self._build()
+
+    def _build(self) -> dict[str, Any]:
         dirty, last = self._dirty, self._last
         if last is None or dirty is None or not self._noted:
             dump = self.env.model_dump(mode="json")   # the first view, or any doubt
@@ -207,10 +243,11 @@ class AIRToolsExecutor(BasePipelineElement):
             # view() builds a new dict (no deep copy); the environment changes only through the tool calls AIR
             # sees (the agent's and AIR's recovery calls), so one dump per call serves every hook (copy-on-write)
             # and only the fields the call can reach are dumped again (StateView)
-            state = self._view = StateView(env, runtime)
+            state = self._view = StateView(env, runtime, defer=True)
             air.state = DictState(state, cache=True)
 
             def execute(call: ToolCall) -> Any:
+                state.before_call(call.name)
                 result, error = runtime.run_function(env, call.name, dict(call.args))
                 state.touched(call.name)
                 if error:
@@ -233,6 +270,8 @@ class AIRToolsExecutor(BasePipelineElement):
                                                      tool_call_id=tc.id, tool_call=tc, error=d.message))
                     continue
             self.calls.append((tc.function, _key(tc.args), True, len(air.incidents) if air is not None else 0))
+            if air is not None and self._view is not None:
+                self._view.before_call(tc.function)
             result, error = runtime.run_function(env, tc.function, tc.args)
             text = tool_result_to_str(result) if error is None else f"error: {error}"
             if air is not None:
