@@ -185,11 +185,12 @@ def _run_episode(suite, runtime, task, defer: bool):
     return _no_clock((decisions, incidents, [dict(s.state) for s in air.trace]))
 
 
-_NOW = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+$")  # datetime.now() (the environments' own have no fraction)
+_NOW = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?$")  # any ISO timestamp: datetime.now() among them
 
 
 def _no_clock(v):
-    """``v`` with the timestamps AgentDojo's tools take from the clock (sending an invitation) replaced."""
+    """``v`` with its timestamps replaced: AgentDojo's tools take some from the clock (sending an invitation), so
+    two runs of one episode differ in them (both runs are masked alike)."""
     if isinstance(v, str):
         return "<now>" if _NOW.match(v) else v
     if isinstance(v, dict):
