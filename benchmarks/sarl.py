@@ -134,7 +134,7 @@ def collector_rows(frames: int) -> list[dict]:
 
 
 def planner_row(decisions: int) -> dict:
-    """CPU time per agent-decision of the ceiling arm (``LookaheadPlanner``, then the shield) against
+    """CPU time per agent-decision of the ceiling candidate (``LookaheadPlanner``, then the shield) against
     ``greedy_kss`` on the same 20-aircraft streams scenarios."""
     from icml26.sarl.planner import LookaheadPlanner, greedy_kss_actions
 
@@ -152,7 +152,7 @@ def planner_row(decisions: int) -> dict:
         out[name] = (time.process_time() - t0) / max(n, 1) * 1e6
     print(f"planner {out['planner']:.1f} us, greedy_kss {out['greedy_kss']:.1f} us per agent-decision")
     return bench_row(
-        f"ceiling arm: LookaheadPlanner (horizon 4, 3 aircraft) + shield, B = {B}",
+        f"ceiling candidate (not an arm): LookaheadPlanner (horizon 4, 3 aircraft) + shield, B = {B}",
         f"greedy_kss (direct-to + shield), B = {B}",
         round(out["planner"], 3),
         round(out["greedy_kss"], 3),
@@ -265,7 +265,7 @@ def main() -> None:
         conditions=f"{N} aircraft, streams world R = {R} NM, random instructions, {args.steps} decisions, "
         f"median of {args.rounds} rounds, CPU time per agent-decision, one torch thread; BlueSky rows: "
         f"{args.bluesky_scenarios} recorded greedy_kss scenarios, CPU time per aircraft-decision (15 s of flight), "
-        f"BlueSky at 0.05 s timed once; ceiling-arm row: CPU time per agent-decision over {args.steps} decisions; "
+        f"BlueSky at 0.05 s timed once; ceiling-candidate row: CPU time per agent-decision over {args.steps} decisions; "
         f"collector rows: WALL time per agent-decision over {args.collector_frames} frames after the first batch, "
         "2 CPU cores shared by every process",
     )

@@ -195,7 +195,9 @@ def test_lifted_eradication_validated_on_the_benign_corpus_and_checked_outside_i
     assert all(b.eradicated_fired is not None and b.utility_with_eradicated is not None for b in benign)
     s = ad.summarize_attacks(res, benign)
     assert s["benign_tasks"] == 2 and s["eradicated_benign_tasks"] == 2
-    assert 0 <= s["eradicated_fp_rate"] <= 1 and "blocked_heldout_families" in s
+    check = [b for b in benign if not b.validation]          # the rate is over the rows outside the corpus
+    assert s["eradicated_fp_rate"] == sum(b.eradicated_fired for b in check) / len(check)
+    assert "blocked_heldout_families" in s
     held = [r for r in res if not r.dev and r.attack_succeeded]
     assert held and all(r.blocked_after_eradication is not None for r in held)
 

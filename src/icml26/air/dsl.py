@@ -1030,5 +1030,11 @@ def mentions_root(c: Any, roots: set[str]) -> bool:
 
 
 def count_predicates(r: Rule) -> int:
-    return sum(1 for c in (*r.detect, *([r.when] if r.when else [])) for n in _walk(c)
-               if isinstance(n, Cond) and n.op not in ("and", "or", "not"))
+    """The checks in a rule's ``when`` and ``detect`` (:func:`count_checks`)."""
+    return count_checks([*r.detect, *([r.when] if r.when else [])])
+
+
+def count_checks(conds: Sequence[Cond]) -> int:
+    """The checks (comparisons, ``in``, ``matches``, quantifiers, predicates; not ``and``/``or``/``not``) in
+    ``conds``."""
+    return sum(1 for c in conds for n in _walk(c) if isinstance(n, Cond) and n.op not in ("and", "or", "not"))

@@ -518,11 +518,13 @@ class TraceStep:
 
 
 class _EpisodeFacts:
-    """What an episode's contexts derive their lists from, fixed at its first context: the user's task, the known
-    parties (or the state view they are read from, when a rule first needs them) and per-episode memos."""
+    """What an episode's contexts derive their lists from, fixed at its first context: the user's task and what it
+    mentions (shared read-only), the known parties (or the state view they are read from, when a rule first needs
+    them) and per-episode memos."""
 
     def __init__(self, user_task: str, named: bool, manifest: Any, known: Any):
         self.user_task, self.named, self.manifest = user_task, named, manifest
+        self.mentioned = mentioned(user_task)
         self._known_src = known
         self._known: list[str] | None = None
         self._task_ents: set[str] | None = None
@@ -652,7 +654,6 @@ class IncidentResponder:
         self.step = 0
         self._invalidate()
         self._ctx_cache: tuple[Any, ...] | None = None
-        self._task_mentioned: tuple[str, dict[str, list[str]]] | None = None
         # per-rule analyses (reads the state? which checks are semantic?) keyed by rule identity; dropped when
         # episode rules have made them large (bounded memory)
         if len(getattr(self, "_reads_memo", ())) + len(getattr(self, "_split_memo", ())) > 4096 or \
@@ -695,16 +696,10 @@ class IncidentResponder:
             self._ctx_cache = (key, Context({}, {
                 "strings_from_tool_outputs": lambda: NormalizedStrings(sorted(taint)),
                 "strings_from_instructions": lambda: ep.unvouched(instr, vouched),
-                "known_parties": ep.known_parties}), self._mentioned())
+                "known_parties": ep.known_parties}), ep.mentioned)
         lazy, mentioned_lists = self._ctx_cache[1:]
         return Context({"user_task": self.user_task, "steps": list(self.window), "step": self.step}, lazy,
                        mentioned_lists)
-
-    def _mentioned(self) -> dict[str, list[str]]:
-        """:func:`mentioned` of the user's task, computed once per episode (the lists are shared read-only)."""
-        if self._task_mentioned is None or self._task_mentioned[0] != self.user_task:
-            self._task_mentioned = (self.user_task, mentioned(self.user_task))
-        return self._task_mentioned[1]
 
     def _user_directed(self, call: ToolCall) -> bool:
         """Whether the call reads a source the user's task names (a file, page, channel or account given as an

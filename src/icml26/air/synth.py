@@ -44,6 +44,7 @@ from .dsl import (
     Rule,
     RuleSyntaxError,
     Trigger,
+    count_checks,
     count_predicates,
     parse,
 )
@@ -105,7 +106,7 @@ class TemplateSynthesizer:
                 # the incident rule's kept checks follow the lifted ones only while the rule stays within the
                 # validator's check budget (``max_checks``, RuleValidator's ``max_predicates``): a longer candidate
                 # is rejected unseen (issue #36, fourth pass: README, Deviations 13)
-                while kept and _checks([*lifted, *kept]) > self.max_checks:
+                while kept and count_checks([*lifted, *kept]) > self.max_checks:
                     kept.pop()
                 conds, scope = [*lifted, *kept], scope_l if scope_l is not None else scope
                 limit = max(limit, len(lifted))
@@ -177,13 +178,6 @@ def lift_constants(call: dict[str, Any], env: dict[str, Any], evaluator: Evaluat
                 out.insert(0, c)
                 scope = "*"
     return (out if any(c.op == "pred" for c in out) or scope else []), scope
-
-
-def _checks(conds: Sequence[Cond]) -> int:
-    """The checks ``count_predicates`` counts in a rule whose detect list is ``conds``."""
-    from .dsl import _walk
-
-    return sum(1 for c in conds for n in _walk(c) if isinstance(n, Cond) and n.op not in ("and", "or", "not"))
 
 
 def _binds_argument_constant(c: Cond) -> bool:
@@ -613,22 +607,14 @@ def benign_corpus(agent_types: Sequence[str] = ("shell", "email", "household"),
 
         from .integrations.agentdojo import (
             BENCHMARK_VERSION,
-            AIRToolsExecutor,
             ScriptedCompromisedAgent,
             _fast_yaml,
-            _pipeline,
-            _task_order,
+            benign_traces_of,
         )
 
         _fast_yaml()
         agent = ScriptedCompromisedAgent()
         for name in suites:
             suite = get_suite(BENCHMARK_VERSION, name)
-            air = IncidentResponder(RuleSet(), DictState(dict), manifest=agentdojo_manifest(name))
-            for k in sorted(suite.user_tasks, key=_task_order):
-                ut = suite.user_tasks[k]
-                agent.reset(ut, None)
-                suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(air)), ut, None, {})
-                air.finish()
-                out.append(list(air.trace))
+            out += benign_traces_of(suite, agentdojo_manifest(name), suite.user_tasks, agent)
     return out

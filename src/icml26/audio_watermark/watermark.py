@@ -356,9 +356,7 @@ class ClusteredKGW:
         for s, ctx, _, _ in units:
             groups[(s, ctx)] = groups.get((s, ctx), 0) + 1
         # p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g]: one pmf for every key; tail sums by a reversed cumsum
-        pmf = np.ones(1)
-        for (s, _), k in groups.items():
-            pmf = np.convolve(pmf, _hyp_pmf(self.Cs[s], self.n_greens[s], k))
+        pmf = _convolved_pmf([(self.Cs[s], self.n_greens[s], k) for (s, _), k in groups.items()])
         tail = np.cumsum(pmf[::-1])[::-1]
         by_group: dict[tuple[int, tuple[int, ...]], list[int]] = {}
         for s, ctx, c, _ in units:
@@ -383,9 +381,14 @@ def _hyp_pmf(C: int, G: int, k: int) -> np.ndarray:
     return hypergeom.pmf(np.arange(0, min(k, G) + 1), C, G, k)
 
 
-def _convolved_sf(groups: list[tuple[int, int, int]], observed: int) -> float:
-    """``P[sum_j Hyp(C_j, G_j, k_j) >= observed]`` for groups ``(C_j, G_j, k_j)``."""
+def _convolved_pmf(groups: list[tuple[int, int, int]]) -> np.ndarray:
+    """The pmf of ``sum_j Hyp(C_j, G_j, k_j)`` for groups ``(C_j, G_j, k_j)``."""
     pmf = np.ones(1)
     for C, G, k in groups:
         pmf = np.convolve(pmf, _hyp_pmf(C, G, k))
-    return float(min(1.0, max(0.0, pmf[max(0, int(observed)) :].sum())))
+    return pmf
+
+
+def _convolved_sf(groups: list[tuple[int, int, int]], observed: int) -> float:
+    """``P[sum_j Hyp(C_j, G_j, k_j) >= observed]`` for groups ``(C_j, G_j, k_j)``."""
+    return float(min(1.0, max(0.0, _convolved_pmf(groups)[max(0, int(observed)) :].sum())))

@@ -1,4 +1,5 @@
-"""A non-learned centralised lookahead planner on our own simulator: the best-case ceiling arm (issue #27).
+"""A non-learned centralised lookahead planner on our own simulator: a ceiling candidate (issue #27), not an arm of
+the reproduction (it resolved fewer validation scenarios than ``greedy_kss``: README, Deviation 8).
 
 One step of multi-agent rollout (policy improvement over a base controller, Bertsekas, "Multiagent Rollout
 Algorithms and Reinforcement Learning", arXiv 1910.00120): at every decision the base controller ``greedy_kss``
@@ -32,6 +33,7 @@ import copy
 import numpy as np
 
 from .env import N_ACTIONS, AirspaceCore
+from .mappo import greedy_direct
 from .shield import KinematicSafetyShield
 
 _BN = (
@@ -61,14 +63,9 @@ _BN = (
 )
 
 
-def _greedy(core: AirspaceCore) -> np.ndarray:
-    x = core.node_features()
-    return np.where(np.abs(np.arctan2(x[..., 1], x[..., 0])) > np.radians(5), 7, 0)
-
-
 def greedy_kss_actions(core: AirspaceCore) -> np.ndarray:
     """The base controller's shielded instructions (B, N)."""
-    return KinematicSafetyShield(core).filter(_greedy(core))[0]
+    return KinematicSafetyShield(core).filter(greedy_direct(core))[0]
 
 
 def replicate(core: AirspaceCore, copies: int) -> AirspaceCore:
@@ -103,7 +100,7 @@ class LookaheadPlanner:
         B, N, A, K = core.B, core.N, N_ACTIONS, min(self.K, core.N)
         shield = KinematicSafetyShield(core)
         safe = shield.safe_mask()
-        base = shield.filter(_greedy(core), safe)[0]
+        base = shield.filter(greedy_direct(core), safe)[0]
         geom = core.pairwise()
         # urgency of aircraft i: max over predicted conflicts of exp(-tCPA / 60 s) (0 when none)
         conf = (geom["dcpa"] < core.S + shield.margin) & (geom["tcpa"] < core.H) & geom["both"]

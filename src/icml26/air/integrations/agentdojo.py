@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -475,6 +475,23 @@ def _task_order(name: str) -> int:
     return int(name.rsplit("_", 1)[-1])
 
 
+def benign_traces_of(suite: Any, manifest: Any, user_tasks: Iterable[str],
+                     agent: ScriptedCompromisedAgent | None = None) -> list[list[Any]]:
+    """The pre-action traces (``TraceStep`` lists) of ``user_tasks`` of an AgentDojo ``suite`` run without an
+    injection by the scripted agent, under a rule-less responder with ``manifest`` (in task order): a benign
+    validation corpus for eradication."""
+    agent = agent if agent is not None else ScriptedCompromisedAgent()
+    recorder = IncidentResponder(RuleSet(), DictState(dict), manifest=manifest)
+    out = []
+    for k in sorted(user_tasks, key=_task_order):
+        ut = suite.user_tasks[k]
+        agent.reset(ut, None)
+        suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(recorder)), ut, None, {})
+        recorder.finish()
+        out.append(list(recorder.trace))
+    return out
+
+
 def summarize(results: Sequence[PairResult]) -> dict[str, float]:
     """Per-suite rates over the attacks that succeeded without AIR."""
     hit = [r for r in results if r.attack_succeeded]
@@ -631,13 +648,7 @@ def evaluate_attacks(suite_name: str, rules: RuleSet, manifest: Any, *, attacks:
         benign.append(BenignResult(suite_name, ut.ID, bool(u0), bool(u1), len(air.incidents) > n,
                                    protocol=ut in uts, validation=ut.ID in validation))
     if validation_user_tasks is not None:     # the benign corpus: rule-less runs with the manifest
-        recorder = IncidentResponder(RuleSet(), DictState(dict), manifest=manifest)
-        for k in sorted(validation, key=_task_order):
-            agent.reset(suite.user_tasks[k], None)
-            suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(recorder)), suite.user_tasks[k], None,
-                                         {})
-            recorder.finish()
-            benign_traces.append(list(recorder.trace))
+        benign_traces += benign_traces_of(suite, manifest, validation, agent)
     store: list[Rule] = []
     learner = IncidentResponder(rules, DictState(dict), manifest=manifest, semantic=semantic,
                                 synthesizer=synthesizer if synthesizer is not None else TemplateSynthesizer(),
