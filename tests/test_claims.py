@@ -84,7 +84,8 @@ def test_paired_t_bounds_match_scipy():
     p_greater = stats.ttest_1samp(d, 0.1, alternative="greater").pvalue
     p_less = stats.ttest_1samp(d, 0.1, alternative="less").pvalue
     expected = "holds" if p_greater <= 0.05 else ("fails" if p_less < 0.05 else "inconclusive")
-    assert out.verdict == expected and out.test == "paired t" and out.units == "40 items (40 per seed x 1 seed(s)), paired"
+    assert out.verdict == expected and out.test == "paired t; within one run (seed-to-seed variance not measured)"
+    assert out.units == "40 distinct items in 1 run(s) (40 per seed x 1 seed(s); no unit ids recorded: taken as distinct), paired"
 
 
 def test_clopper_pearson_matches_scipy_binomtest():
@@ -149,7 +150,7 @@ def test_paired_binary_difference_uses_agresti_min():
     out = parse_check("m.ok - b.ok >= 0.0 over episodes").evaluate(arms(m__ok=[m], b__ok=[b], unit="episodes"))
     cells = [int(((m == x) & (b == y)).sum()) for x, y in ((1, 1), (1, 0), (0, 1), (0, 0))]
     assert out.interval == pytest.approx(agresti_min_interval(cells[1], cells[2], cells[0] + cells[3]))
-    assert out.test == "Agresti-Min paired (3 vs 2 discordant of 100)"
+    assert out.test == "Agresti-Min paired (3 vs 2 discordant of 100); within one run (seed-to-seed variance not measured)"
     # few pairs, all concordant: inconclusive, never "fails" on no evidence
     few = parse_check("m.ok - b.ok >= 0.05 over episodes").evaluate(
         arms(m__ok=[[1, 0, 1, 0, 1, 1]], b__ok=[[1, 0, 1, 0, 1, 1]], unit="episodes"))
@@ -158,7 +159,7 @@ def test_paired_binary_difference_uses_agresti_min():
 
 def test_bootstrap_is_seeded_and_close_to_t():
     rng = np.random.default_rng(1)
-    a = [rng.normal(0.3, 1, 200) for _ in range(3)]
+    a = [rng.normal(0.3, 1, 600)]
     c = parse_check("m.x >= 0.1 over items by bootstrap")
     one = c.evaluate(arms(m__x=a, unit="items"))
     two = c.evaluate(arms(m__x=a, unit="items"))
@@ -216,7 +217,8 @@ def test_heterogeneous_seeds_fall_back_to_seed_means():
     # within each seed the difference is precise, but the seeds disagree: +0.3, +0.1, -0.25
     seeds = [rng.normal(mu, 0.05, 100) for mu in (0.3, 0.1, -0.25)]
     zeros = [np.zeros(100)] * 3
-    out = parse_check("m.x - b.x >= 0.05 over items").evaluate(arms(m__x=seeds, b__x=zeros, unit="items"))
+    out = parse_check("m.x - b.x >= 0.05 over items").evaluate(arms(m__x=seeds, b__x=zeros, unit="items"),
+                                                               rules=2)
     assert out.test.startswith("t over seed means") and out.verdict == "inconclusive"
     means = np.array([s.mean() for s in seeds])
     lo, hi = stats.ttest_1samp(means, 0.0).confidence_interval(confidence_level=0.90)
@@ -230,11 +232,12 @@ def test_heterogeneous_seeds_fall_back_to_seed_means():
     assert f == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, abs=0.02)
     # rare 0/1 outcomes (a type-I error) from homogeneous seeds are pooled, and bounds stay in [0, 1]
     rare = [(rng.random(150) < 0.05).astype(float) for _ in range(3)]
-    rate = parse_check("m.r <= 0.07 over replications").evaluate(arms(m__r=rare, unit="replications"))
+    rate = parse_check("m.r <= 0.07 over replications").evaluate(arms(m__r=rare, unit="replications"), rules=2)
     assert 0.0 <= rate.interval[0] <= rate.interval[1] <= 1.0
-    # homogeneous seeds are pooled
+    # homogeneous seeds are pooled (v2)
     same = [rng.normal(0.3, 0.05, 100) for _ in range(3)]
-    pooled = parse_check("m.x - b.x >= 0.05 over items").evaluate(arms(m__x=same, b__x=zeros, unit="items"))
+    pooled = parse_check("m.x - b.x >= 0.05 over items").evaluate(arms(m__x=same, b__x=zeros, unit="items"),
+                                                                  rules=2)
     assert pooled.test == "paired t" and pooled.verdict == "holds" and pooled.n == 300
 
 
@@ -276,7 +279,8 @@ def test_nan_one_unit_and_mismatches():
         parse_check("m.x >= 0.1 over seeds by binomial").evaluate(arms(m__x=[0.5, 0.7]))
     # per-seed values that happen to be 0 are real numbers, not 0/1 outcomes
     growth = parse_check("m.g <= 0.05 over seeds").evaluate(arms(m__g=[0.0] * 5))
-    assert growth.test == "t" and growth.verdict == "holds"
+    assert growth.test.startswith("exact: deterministic arms (identical on all 5 seeds") and growth.verdict == "holds"
+    assert growth.design["clusters"] == 1
 
 
 def test_ours_text_and_describe_stat():

@@ -20,25 +20,43 @@ Grammar (whitespace-separated; no code is ever evaluated)::
     PROCEDURE := "t" | "bootstrap" | "binomial"
 
 In a difference or ratio the left ref is the method, the right one the baseline. Values are paired by seed
-and, ``over UNIT``, by unit index within a seed; units are pooled across seeds.
+and, ``over UNIT``, by unit index within a seed.
 
-**The interval.** The compared quantity is the mean of the paired quantities (differences; log-ratios for a
-ratio, shown back on the ratio scale as a geometric-mean ratio; the values themselves for one ref). Its
-one-sided 95 % lower and upper confidence bounds ``[lo, hi]`` (together a two-sided 90 % interval) come from
+**Units nested in runs (verdicts v3).** A seed is a training run: its units share the run's randomness, so
+they are not independent of each other. Before any interval,
+
+1. units with the same id within a seed (the result's ``unit_ids``) are one unit: their mean;
+2. seeds whose ids and values are identical for every ref are one run (a deterministic arm gives the same
+   units on every seed; they are counted once, never pooled as copies);
+3. with one distinct run left, the interval is the unit-level one below, *within that run*; with ``G >= 2``
+   runs it is the t interval over the ``G`` run means (``G - 1`` degrees of freedom: the run is the cluster).
+   When the runs share units (the same ids in several runs: a fixed test set, models retrained per seed) the
+   variance of the mean over the shared units is added to the run-means variance and the degrees of freedom
+   are Welch-Satterthwaite's. For 0/1 outcomes the bounds are also no narrower than the exact ones below on
+   the distinct units (counts scaled to the number of distinct units).
+
+``over seeds`` is already one value per run (paired t over seeds); when every seed gives the same value for
+every ref it is one deterministic result, decided exactly. The level of these rules at the project's designs
+(3x48, 3x60, 5x60, 3x600 units; seed-level spread 0-0.3 of the unit sd; 0/1 and continuous; nested and
+shared units) is simulated in ``tests/test_claims_v3.py`` ("holds" at the boundary <= 6 %).
+
+The unit-level interval (one run) comes from
 
 - ``t``: the paired t interval (default for real-valued data);
 - ``binomial`` (default for per-unit data whose every value is 0 or 1): the exact Clopper–Pearson bounds for
   one ref (a rate, e.g. a type-I error), and for a difference of paired 0/1 outcomes the Agresti–Min interval
   for matched proportions (the Wald interval on the 2x2 table with 0.5 added to each cell), which keeps close
   to its level with few or no discordant pairs, where McNemar's conditional interval collapses to a point;
-  per-seed values that happen to be 0 or 1 get ``t`` unless the check says ``by binomial``;
-- ``bootstrap``: the paired bootstrap, resampling units within each seed (10,000 draws, fixed RNG seed 0,
-  percentile bounds).
+- ``bootstrap``: the paired bootstrap, resampling units (10,000 draws, fixed RNG seed 0, percentile bounds).
 
-Pooled units assume the seeds agree. When the per-seed means of the paired quantity differ beyond what the
-unit-level noise explains (a one-way F statistic across seeds, its p-value from 2,000 permutations of the seed
-labels with a fixed RNG seed, p < 0.05), the interval is the t interval over the seed means instead
-(seed-level variance, G - 1 degrees of freedom; clipped to the range of 0/1 outcomes), and ``test`` says so.
+The compared quantity is the mean of the paired quantities (differences; log-ratios for a ratio, shown back
+on the ratio scale as a geometric-mean ratio; the values themselves for one ref); ``[lo, hi]`` are its
+one-sided 95 % lower and upper bounds (together a two-sided 90 % interval). Each outcome records its design:
+the distinct runs (``clusters``), the distinct units and the design effect (the interval's variance over the
+variance that pooled independent units would give).
+
+Results written before verdicts v3 (no ``rules`` key) are verified with the v2 rules (units pooled across
+seeds unless a permutation F test across seeds rejected at 0.05); ``rules=2`` selects them.
 
 **The verdict.** For ``>=``/``>``: *holds* when ``lo`` clears the threshold, *fails* when ``hi`` is below it,
 *inconclusive* otherwise (``<=``/``<`` mirrored). For ``|a - b| <= X`` (two one-sided tests): *holds* when
@@ -51,11 +69,12 @@ Example:
     >>> arms = {"a": {"acc": {"values": [0.9, 0.85, 0.88]}}, "b": {"acc": {"values": [0.7, 0.72, 0.69]}}}
     >>> out = c.evaluate(arms)
     >>> out.verdict, round(out.estimate, 4), out.test
-    ('holds', 0.1733, 'paired t')
+    ('holds', 0.1733, 'paired t over seeds')
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -72,8 +91,10 @@ HETEROGENEITY_ALPHA = 0.05
 BOOTSTRAP_DRAWS = 10_000
 BOOTSTRAP_SEED = 0
 
+#: the decision rules this module applies (results record it; 2 = pooled units, kept to verify old results)
+RULES = 3
 VERDICTS = ("holds", "inconclusive", "fails")
-CLAIM_KINDS = ("evidence", "sanity")
+CLAIM_KINDS = ("evidence", "precondition", "sanity")
 PROCEDURES = ("t", "bootstrap", "binomial")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -122,6 +143,8 @@ class Outcome:
     """the compared quantity on each seed alone"""
     why: str
     """one sentence: the quantity, its bounds, the threshold and the verdict"""
+    design: Mapping[str, Any] | None = None
+    """verdicts v3: ``{"clusters", "distinct_units", "design_effect", "within_duplicates"}`` (None under v2)"""
 
     @property
     def holds(self) -> bool:
@@ -129,9 +152,12 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields a result JSON stores for a claim."""
-        return {"verdict": self.verdict, "holds": self.holds, "estimate": self.estimate,
-                "interval": list(self.interval), "test": self.test, "units": self.units,
-                "per_seed": list(self.per_seed), "why": self.why}
+        out = {"verdict": self.verdict, "holds": self.holds, "estimate": self.estimate,
+               "interval": list(self.interval), "test": self.test, "units": self.units,
+               "per_seed": list(self.per_seed), "why": self.why}
+        if self.design is not None:
+            out["design"] = dict(self.design)
+        return out
 
 
 @dataclass(frozen=True)
@@ -206,14 +232,30 @@ class Check:
         return out
 
     # -- decision ---------------------------------------------------------------------------------------
-    def evaluate(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Outcome:
+    def evaluate(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                 unit_ids: Mapping[str, Sequence[Sequence[str]]] | None = None, *, rules: int = RULES) -> Outcome:
         """Decide the claim on ``arms`` (``{arm: {metric: {"values", ["unit", "unit_values"]}}}``, as stored).
+
+        Args:
+            arms: the result's ``arms``.
+            unit_ids: the result's ``unit_ids`` (``{unit: [[id per unit] per seed]}``); without ids the units of
+                different seeds are taken as distinct and those within a seed as distinct.
+            rules: ``3`` (this module's rules) or ``2`` (pooled units; kept only to verify results written
+                before verdicts v3).
 
         Raises:
             KeyError: an arm or metric the check names was not measured (a card/experiment mismatch).
-            ValueError: seeds or paired units do not match, per-unit values are missing, or an ``exactly``
-                check sees values that differ between seeds.
+            ValueError: seeds or paired units do not match, per-unit values or ids are missing or misshapen, or
+                an ``exactly`` check sees values that differ between seeds.
         """
+        if rules == 2:
+            return self._evaluate_v2(arms)
+        if rules != RULES:
+            raise ValueError(f"rules must be 2 or {RULES}, got {rules!r}")
+        return _evaluate_v3(self, arms, unit_ids)
+
+    def _evaluate_v2(self, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Outcome:
+        """Verdicts v2 (pooled units unless a permutation F test splits the seeds): legacy results only."""
         series = self._series(arms)
         n_seeds = len(series[0])
         units_desc = self._units_desc(series)
@@ -257,6 +299,19 @@ class Check:
             # paired log-ratio: the check compares the geometric-mean ratio with the threshold
             return [math.log(x / y) for x, y in zip(a, b, strict=True)]
         return [x - y for x, y in zip(a, b, strict=True)]
+
+    def _pair_runs(self, runs: list[_Run]) -> list[np.ndarray]:
+        """The paired quantity per unit of each distinct run."""
+        out = []
+        for r in runs:
+            a = r.values[0]
+            if self.combine is None:
+                out.append(a.astype(float))
+            elif self.combine == "/":
+                out.append(np.log(a / r.values[1]))
+            else:
+                out.append(a - r.values[1])
+        return out
 
     def _back(self, x: float) -> float:
         return math.exp(x) if self.combine == "/" and math.isfinite(x) else x
@@ -322,6 +377,210 @@ class Check:
         per = f"{sizes[0]} per seed" if len(set(sizes)) == 1 else "/".join(map(str, sizes)) + " per seed"
         return (f"{sum(sizes)} {self.pairing} ({per} x {n_seeds} seed(s))"
                 + (", paired" if self.comparative else ""))
+
+
+# -- verdicts v3: units nested in (or crossed with) runs ----------------------------------------------------
+@dataclass(frozen=True)
+class _Run:
+    """One distinct run (a seed, or several seeds that gave identical units): per-ref values per distinct unit."""
+
+    ids: tuple[str, ...]
+    values: tuple[np.ndarray, ...]
+
+
+def _unit_ids_for(check: Check, series: list[list[list[float]]],
+                  unit_ids: Mapping[str, Sequence[Sequence[Any]]] | None) -> list[list[str]] | None:
+    if not unit_ids or check.pairing not in unit_ids:
+        return None
+    ids = unit_ids[check.pairing]
+    if len(ids) != len(series[0]):
+        raise ValueError(f"check {check.text!r}: unit ids of {check.pairing!r} cover {len(ids)} seed(s), the "
+                         f"values {len(series[0])}")
+    out = []
+    for i, (seed_ids, seed_values) in enumerate(zip(ids, series[0], strict=True)):
+        if len(seed_ids) != len(seed_values):
+            raise ValueError(f"check {check.text!r}: seed #{i} has {len(seed_values)} {check.pairing} but "
+                             f"{len(seed_ids)} unit ids")
+        out.append([str(u) for u in seed_ids])
+    return out
+
+
+def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None) -> tuple[list[_Run], int]:
+    """Merge units with the same id within a seed (their mean is the unit), then keep one copy of runs whose
+    ids and values are identical. Returns the distinct runs and the number of merged duplicate units."""
+    runs: list[_Run] = []
+    seen: set[tuple[Any, ...]] = set()
+    merged = 0
+    for g in range(len(series[0])):
+        seed_ids = ids[g] if ids is not None else [f"#{g}:{i}" for i in range(len(series[0][g]))]
+        order = list(dict.fromkeys(seed_ids))
+        merged += len(seed_ids) - len(order)
+        values = []
+        for s in series:
+            if len(order) == len(seed_ids):
+                values.append(np.asarray(s[g], dtype=float))
+                continue
+            sums: dict[str, list[float]] = {}
+            for uid, v in zip(seed_ids, s[g], strict=True):
+                sums.setdefault(uid, []).append(v)
+            values.append(np.array([math.fsum(sums[u]) / len(sums[u]) for u in order]))
+        key = (tuple(order), *(tuple(v.tolist()) for v in values)) if ids is not None else (
+            "anonymous", *(tuple(v.tolist()) for v in values))
+        if key in seen:
+            continue
+        seen.add(key)
+        runs.append(_Run(tuple(order), tuple(values)))
+    return runs, merged
+
+
+def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                 unit_ids: Mapping[str, Sequence[Sequence[Any]]] | None) -> Outcome:
+    series = check._series(arms)
+    n_seeds = len(series[0])
+    desc = check._units_desc(series)
+    bad = [str(r) for r, s in zip(check.refs, series, strict=True)
+           if any(not math.isfinite(v) for seed in s for v in seed)]
+    if bad:
+        return _with_design(check._inconclusive(f"{', '.join(bad)} has NaN or infinite values", desc, series),
+                            n_seeds, None, None, 0)
+    if check.deterministic:
+        return _with_design(check._exactly(series, desc), 1, 1, None, 0)
+    if check.combine == "/" and any(v <= 0 for s in series for seed in s for v in seed):
+        return _with_design(check._inconclusive("a ratio needs positive values on both sides", desc, series),
+                            n_seeds, None, None, 0)
+    per_seed = tuple(check._back(float(np.mean(check._pair(series, i)))) for i in range(n_seeds))
+    if check.pairing == "seeds":
+        if check.procedure == "binomial":
+            raise ValueError(f"check {check.text!r}: 'by binomial' needs 0/1 outcomes per unit, not per-seed values")
+        if n_seeds >= 2 and all(len({seed[0] for seed in s}) == 1 for s in series):
+            out = check._exactly(series, desc)
+            test = f"exact: deterministic arms (identical on all {n_seeds} seeds: one result)"
+            return _with_design(dataclasses.replace(out, test=test, why=out.why.replace(
+                "(deterministic)", f"(identical on all {n_seeds} seeds: one deterministic result)")), 1, 1, None, 0)
+        x = np.array([check._pair(series, g)[0] for g in range(n_seeds)])
+        if n_seeds < 2:
+            return _with_design(check._inconclusive("one paired unit (one seed) gives no interval", desc, series), 1, 1, None, 0)
+        lo, hi = _t_bounds(x)
+        test = "paired t over seeds" if check.comparative else "t over seeds"
+        return _finish(check, float(x.mean()), lo, hi, test, desc, n_seeds, per_seed,
+                       {"clusters": n_seeds, "distinct_units": n_seeds, "design_effect": 1.0,
+                        "within_duplicates": 0})
+    ids = _unit_ids_for(check, series, unit_ids)
+    runs, merged = _distinct_runs(series, ids)
+    binary = all(set(np.unique(v).tolist()) <= {0.0, 1.0} for r in runs for v in r.values)
+    procedure = check.procedure or ("binomial" if binary and check.combine != "/" else "t")
+    if procedure == "binomial" and not binary:
+        raise ValueError(f"check {check.text!r}: 'by binomial' needs 0/1 outcomes")
+    if procedure == "binomial" and check.combine == "/":
+        raise ValueError(f"check {check.text!r}: 'by binomial' does not apply to a ratio")
+    paired = check._pair_runs(runs)
+    n_total = int(sum(len(d) for d in paired))
+    distinct = len({u for r in runs for u in r.ids}) if ids is not None else n_total
+    crossed = ids is not None and distinct < n_total
+    desc = _v3_desc(check, series, runs, distinct, merged, ids is not None, crossed)
+    g = len(runs)
+    if n_total < 2:
+        return _with_design(check._inconclusive("one paired unit gives no interval", desc, series),
+                            g, distinct, None, merged)
+    pooled = np.concatenate(paired)
+    naive = float(pooled.var(ddof=1)) / n_total if n_total > 1 else math.nan
+    if g == 1:
+        groups = [paired[0]]
+        one = [[list(v)] for v in runs[0].values]
+        est, lo, hi, test = _interval(groups, procedure, one if procedure == "binomial" else None,
+                                      pooled=False, paired=check.comparative)
+        test += (f"; {n_seeds} seeds gave identical units: counted once" if n_seeds > 1
+                 else "; within one run (seed-to-seed variance not measured)")
+        variance = naive
+    else:
+        means = np.array([d.mean() for d in paired])
+        est = float(means.mean())
+        between = float(means.var(ddof=1)) / g
+        df = float(g - 1)
+        if crossed:
+            # units shared by the runs: their sampling variance is not in the spread of the run means
+            by_id: dict[str, list[float]] = {}
+            for r, d in zip(runs, paired, strict=True):
+                for u, v in zip(r.ids, d, strict=True):
+                    by_id.setdefault(u, []).append(float(v))
+            u_means = np.array([math.fsum(v) / len(v) for v in by_id.values()])
+            shared = float(u_means.var(ddof=1)) / len(u_means) if len(u_means) > 1 else 0.0
+            variance = between + shared
+            if variance > 0:  # Welch-Satterthwaite degrees of freedom of the sum
+                df = variance**2 / (between**2 / (g - 1) + shared**2 / max(len(u_means) - 1, 1))
+            how = f"{df:.3g} df (Satterthwaite); + the sampling variance of the units the runs share"
+        else:
+            variance = between
+            how = f"{g - 1} df"
+            if between == 0.0:  # identical run means: no narrower than the units' own sampling variance
+                variance = sum(float(d.var(ddof=1)) / len(d) for d in paired if len(d) > 1) / g**2
+                how += "; run means identical, floored at the within-run sampling variance"
+        from scipy import stats
+
+        half = float(stats.t.ppf(CONFIDENCE, df)) * math.sqrt(variance)
+        lo, hi = est - half, est + half
+        test = f"t over {g} run means ({how})"
+        if procedure == "binomial":
+            elo, ehi, label = _exact_distinct(runs, distinct / n_total, check.comparative)
+            lo, hi = min(lo, elo), max(hi, ehi)
+            test += f"; no narrower than {label}"
+    if procedure == "binomial":  # a t interval can leave the outcomes' range
+        floor = -1.0 if check.comparative else 0.0
+        lo, hi = min(max(lo, floor), 1.0), min(max(hi, floor), 1.0)
+    deff = variance / naive if naive and math.isfinite(naive) and naive > 0 else None
+    return _finish(check, est, lo, hi, test, desc, distinct, per_seed,
+                   {"clusters": g, "distinct_units": distinct,
+                    "design_effect": None if deff is None else round(deff, 6), "within_duplicates": merged})
+
+
+def _finish(check: Check, est: float, lo: float, hi: float, test: str, desc: str, n: int,
+            per_seed: tuple[float, ...], design: dict[str, Any]) -> Outcome:
+    estimate, lo_b, hi_b = check._back(est), check._back(lo), check._back(hi)
+    verdict = check._verdict(lo, hi)
+    why = (f"{check.quantity_name} = {_fmt(estimate)} with one-sided 95 % bounds [{_fmt(lo_b)}, {_fmt(hi_b)}] "
+           f"({test}, {desc}); {check._rule()}: {verdict}")
+    return Outcome(verdict, estimate, (lo_b, hi_b), test, desc, n, per_seed, why, design)
+
+
+def _with_design(out: Outcome, clusters: int, distinct: int | None, deff: float | None, merged: int) -> Outcome:
+    return dataclasses.replace(out, design={"clusters": clusters, "distinct_units": distinct,
+                                            "design_effect": deff, "within_duplicates": merged})
+
+
+def _v3_desc(check: Check, series: list[list[list[float]]], runs: list[_Run], distinct: int, merged: int,
+             has_ids: bool, crossed: bool) -> str:
+    n_seeds = len(series[0])
+    sizes = [len(s) for s in series[0]]
+    per = f"{sizes[0]} per seed" if len(set(sizes)) == 1 else "/".join(map(str, sizes)) + " per seed"
+    parts = [f"{distinct} distinct {check.pairing} in {len(runs)} run(s) ({per} x {n_seeds} seed(s)"]
+    if len(runs) < n_seeds:
+        parts.append(f"; {n_seeds - len(runs) + 1} identical seeds counted once")
+    if merged:
+        parts.append(f"; {merged} repeated within a seed, merged")
+    if crossed:
+        parts.append("; the same units in several runs")
+    if not has_ids:
+        parts.append("; no unit ids recorded: taken as distinct")
+    return "".join(parts) + ")" + (", paired" if check.comparative else "")
+
+
+def _exact_distinct(runs: list[_Run], scale: float, comparative: bool) -> tuple[float, float, str]:
+    """Exact bounds on the distinct units: Clopper-Pearson (a rate) or Agresti-Min (paired), the counts over
+    all runs scaled to the number of distinct units (units shared by runs count once)."""
+    from scipy import stats
+
+    if not comparative:
+        k = sum(float(r.values[0].sum()) for r in runs) * scale
+        n = sum(len(r.values[0]) for r in runs) * scale
+        lo = 0.0 if k <= 0 else float(stats.beta.ppf(1 - CONFIDENCE, k, n - k + 1))
+        hi = 1.0 if k >= n else float(stats.beta.ppf(CONFIDENCE, k + 1, n - k))
+        return lo, hi, f"Clopper-Pearson on {n:g} distinct units ({k:g} of {n:g})"
+    a = np.concatenate([r.values[0] for r in runs])
+    b = np.concatenate([r.values[1] for r in runs])
+    only_a, only_b = float(((a == 1) & (b == 0)).sum()) * scale, float(((a == 0) & (b == 1)).sum()) * scale
+    conc = float((a == b).sum()) * scale
+    lo, hi = _agresti_min(only_a, only_b, conc)
+    return lo, hi, f"Agresti-Min on {only_a + only_b + conc:g} distinct pairs ({only_a:g} vs {only_b:g} discordant)"
 
 
 def _interval(groups: list[np.ndarray], procedure: str, series: list[list[list[float]]] | None,
@@ -459,12 +718,18 @@ def agresti_min_interval(only_method: int, only_baseline: int, concordant: int,
         >>> [round(v, 4) for v in agresti_min_interval(0, 0, 6)]  # all concordant: still uncertain
         [-0.2056, 0.2056]
     """
-    from scipy import stats
-
     counts = (only_method, only_baseline, concordant)
     if not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) < 1:
         raise ValueError(f"need non-negative integer counts with a positive total, got {counts!r}")
-    b, c, n = only_method + 0.5, only_baseline + 0.5, sum(counts) + 2.0
+    return _agresti_min(float(only_method), float(only_baseline), float(concordant), confidence)
+
+
+def _agresti_min(only_method: float, only_baseline: float, concordant: float,
+                 confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """``agresti_min_interval`` on real-valued counts (effective counts of distinct units)."""
+    from scipy import stats
+
+    b, c, n = only_method + 0.5, only_baseline + 0.5, only_method + only_baseline + concordant + 2.0
     d = (b - c) / n
     var = ((b + c) - (b - c) ** 2 / n) / n**2
     half = float(stats.norm.ppf(confidence)) * math.sqrt(var)

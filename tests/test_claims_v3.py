@@ -1,0 +1,176 @@
+"""Verdicts v3: units nested in runs, distinct units, and the level of the rules at the project's designs.
+
+The level simulation draws data at the boundary of a check (the true compared quantity equals the threshold)
+with a seed-level spread of the effect, decides it with the real ``Check.evaluate`` and counts "holds"; at the
+boundary a 95 % one-sided bound should say "holds" at most 5 % of the time. The test asks <= 6 %; the fast
+tier runs fewer draws and allows its Monte Carlo error (two standard errors of a 5 % rate) on top.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from icml26.common.claims import clopper_pearson, parse_check
+
+#: the project's designs (runs x units per run) and the seed-level spread of the effect, in unit sds
+DESIGNS = ((3, 48), (3, 60), (5, 60), (3, 600))
+SPREADS = (0.0, 0.05, 0.1, 0.2, 0.3)
+KINDS = ("continuous", "rate", "paired01", "shared")
+
+
+def arms(unit="units", **series):
+    out: dict = {}
+    for key, values in series.items():
+        arm, metric = key.split("__")
+        per_seed = [float(np.mean(v)) for v in values]
+        out.setdefault(arm, {})[metric] = {"values": per_seed, "unit": unit,
+                                           "unit_values": [[float(x) for x in v] for v in values]}
+    return out
+
+
+def draw(kind: str, g: int, m: int, spread: float, rng: np.random.Generator, effect: float = 0.0):
+    """One data set at the boundary (``effect`` = 0) of the kind's check; returns (check, arms, unit_ids)."""
+    if kind == "rate":  # a rate against its threshold, e.g. a false-positive rate <= 0.2
+        p0 = 0.2
+        ps = np.clip(p0 - effect + spread * math.sqrt(p0 * (1 - p0)) * rng.standard_normal(g), 0, 1)
+        return (parse_check(f"a.x <= {p0} over units"),
+                arms(a__x=[(rng.random(m) < p).astype(float) for p in ps]), None)
+    if kind == "paired01":  # a paired difference of 0/1 outcomes, e.g. accuracy of two arms on one prompt
+        a, b = [], []
+        for _ in range(g):
+            shift = spread * 0.5 * rng.standard_normal() + effect
+            a.append((rng.random(m) < 0.5 + shift / 2).astype(float))
+            b.append((rng.random(m) < 0.5 - shift / 2).astype(float))
+        return parse_check("a.x - b.x >= 0 over units"), arms(a__x=a, b__x=b), None
+    shared = kind == "shared"  # the same test units in every run (a fixed test set, models retrained per seed)
+    item = rng.standard_normal(m)
+    a = [rng.standard_normal(m) + spread * rng.standard_normal() + effect + (item if shared else 0.0)
+         for _ in range(g)]
+    ids = {"units": [[f"u{i}" for i in range(m)]] * g} if shared else None
+    return parse_check("a.x - b.x >= 0 over units"), arms(a__x=a, b__x=[np.zeros(m)] * g), ids
+
+
+def holds_rate(kind: str, g: int, m: int, spread: float, reps: int, seed: int = 0, effect: float = 0.0) -> float:
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(reps):
+        check, data, ids = draw(kind, g, m, spread, rng, effect)
+        hits += check.evaluate(data, unit_ids=ids).verdict == "holds"
+    return hits / reps
+
+
+def _mc_allowance(reps: int) -> float:
+    return 2 * math.sqrt(0.05 * 0.95 / reps)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("design", [(3, 48), (3, 600)])
+def test_level_at_the_boundary_fast(kind, design):
+    reps = 500
+    worst = max(holds_rate(kind, *design, spread, reps, seed=11) for spread in (0.0, 0.1, 0.3))
+    assert worst <= 0.06 + _mc_allowance(reps), (kind, design, worst)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("design", DESIGNS)
+def test_level_at_the_boundary(kind, design):
+    """<= 6 % at every spread, 4,000 draws each (Monte Carlo standard error 0.34 % at a true 5 %)."""
+    reps = 4000
+    rates = {spread: holds_rate(kind, *design, spread, reps, seed=3) for spread in SPREADS}
+    assert max(rates.values()) <= 0.06, (kind, design, rates)
+
+
+@pytest.mark.slow
+def test_power_at_full_designs():
+    """Power to say "holds" at an effect of 0.4 unit sd (continuous) or 0.15 (0/1 paired), no seed spread."""
+    assert holds_rate("continuous", 5, 60, 0.0, 1000, seed=5, effect=0.4) >= 0.8
+    assert holds_rate("paired01", 3, 600, 0.0, 1000, seed=5, effect=0.15) >= 0.8
+
+
+# -- distinct units ------------------------------------------------------------------------------------------
+def test_identical_seeds_are_one_run():
+    """AIR's case: the same 48 incidents on every seed are 48 units, not 5 x 48."""
+    rng = np.random.default_rng(0)
+    units = (rng.random(48) < 0.9).astype(float)
+    k = int(units.sum())
+    out = parse_check("air.detected >= 0.8 over incidents").evaluate(arms("incidents", air__detected=[units] * 5))
+    assert out.interval == pytest.approx(clopper_pearson(k, 48))
+    assert out.design["clusters"] == 1 and out.design["distinct_units"] == 48 and out.n == 48
+    assert "5 seeds gave identical units: counted once" in out.test
+    # a deterministic metric over seeds is decided exactly, without a t interval around copies
+    det = parse_check("m.x - b.x >= 0.2 over seeds").evaluate(
+        {"m": {"x": {"values": [0.2524] * 5}}, "b": {"x": {"values": [0.0] * 5}}})
+    assert det.test.startswith("exact: deterministic arms") and det.interval == (det.estimate, det.estimate)
+
+
+def test_ids_merge_duplicates_within_a_seed_and_are_checked():
+    c = parse_check("m.x - b.x >= 0.0 over prompts")
+    data = arms("prompts", m__x=[[1.0, 3.0, 5.0]], b__x=[[0.0, 0.0, 1.0]])
+    out = c.evaluate(data, unit_ids={"prompts": [["p", "p", "q"]]})
+    # p: (1 + 3) / 2 - 0 = 2; q: 5 - 1 = 4 -> two distinct units
+    assert out.estimate == pytest.approx(3.0) and out.design["within_duplicates"] == 1
+    assert out.design["distinct_units"] == 2
+    with pytest.raises(ValueError, match="unit ids"):
+        c.evaluate(data, unit_ids={"prompts": [["p", "q"]]})
+    with pytest.raises(ValueError, match="seed"):
+        c.evaluate(data, unit_ids={"prompts": [["p", "q", "r"], ["p", "q", "r"]]})
+
+
+def test_runs_are_clusters_t_over_run_means():
+    rng = np.random.default_rng(4)
+    seeds = [rng.normal(mu, 0.5, 80) for mu in (0.3, 0.1, 0.25)]
+    out = parse_check("m.x >= 0.05 over items").evaluate(arms("items", m__x=seeds))
+    means = np.array([s.mean() for s in seeds])
+    lo, hi = stats.ttest_1samp(means, 0.0).confidence_interval(confidence_level=0.90)
+    assert out.interval == pytest.approx((lo, hi)) and out.test == "t over 3 run means (2 df)"
+    assert out.design["clusters"] == 3 and out.design["distinct_units"] == 240
+    naive = np.concatenate(seeds).var(ddof=1) / 240
+    assert out.design["design_effect"] == pytest.approx(means.var(ddof=1) / 3 / naive, rel=1e-5)
+
+
+def test_shared_units_add_their_sampling_variance():
+    rng = np.random.default_rng(5)
+    item = rng.normal(0, 1, 50)
+    seeds = [item + rng.normal(0, 0.1, 50) + 0.2 for _ in range(3)]
+    ids = {"items": [[f"i{j}" for j in range(50)]] * 3}
+    out = parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), unit_ids=ids)
+    means = np.array([s.mean() for s in seeds])
+    per_item = np.mean(seeds, axis=0)
+    between, shared = means.var(ddof=1) / 3, per_item.var(ddof=1) / 50
+    v = between + shared
+    df = v**2 / (between**2 / 2 + shared**2 / 49)
+    half = stats.t.ppf(0.95, df) * math.sqrt(v)
+    assert out.interval == pytest.approx((means.mean() - half, means.mean() + half))
+    assert out.design["distinct_units"] == 50 and "units the runs share" in out.test
+    # without ids the same numbers would look like 150 independent precise units: far narrower
+    naive = parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds))
+    assert naive.interval[1] - naive.interval[0] < 0.5 * (out.interval[1] - out.interval[0])
+
+
+def test_binary_runs_no_narrower_than_exact_on_distinct_units():
+    runs = [np.zeros(48) for _ in range(3)]
+    runs[0][0] = runs[1][1] = runs[2][2] = 1.0  # three distinct runs, 1 event each: the run means agree exactly
+    out = parse_check("m.fp <= 0.05 over incidents").evaluate(arms("incidents", m__fp=runs))
+    lo, hi = clopper_pearson(3, 144)
+    assert out.interval[1] == pytest.approx(hi) and out.interval[0] <= lo
+    assert "Clopper-Pearson on 144 distinct units" in out.test
+    # two seeds that gave the very same units are one run: 96 distinct units, not 144
+    same = parse_check("m.fp <= 0.05 over incidents").evaluate(arms("incidents", m__fp=[runs[0], runs[0], runs[1]]))
+    assert same.design == {"clusters": 2, "distinct_units": 96, "design_effect": same.design["design_effect"],
+                           "within_duplicates": 0}
+
+
+def test_legacy_rules_unchanged():
+    """``rules=2`` reproduces the pooled interval that results written before v3 stored."""
+    rng = np.random.default_rng(6)
+    seeds = [rng.normal(0.3, 1.0, 100) for _ in range(3)]
+    out = parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), rules=2)
+    lo, hi = stats.ttest_1samp(np.concatenate(seeds), 0.0).confidence_interval(confidence_level=0.90)
+    assert out.interval == pytest.approx((lo, hi)) and out.design is None
+    with pytest.raises(ValueError, match="rules"):
+        parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), rules=1)
