@@ -37,7 +37,7 @@ budget_s = 10
 seeds = [0, 1, 2]
 budget_s = 60
 [modes.full]
-seeds = [0, 1, 2, 3, 4]
+seeds = [3, 4, 5, 6, 7]
 budget_s = 600
 
 [[claims]]
@@ -96,8 +96,11 @@ class DemoConfig:
     """how much better the method is"""
 
 
-def demo_experiment(gap: float = 0.1, *, plot_calls: list | None = None) -> types.ModuleType:
-    """An experiment module following the contract; its metrics depend only on the seed and ``gap``."""
+def demo_experiment(gap: float = 0.1, *, plot_calls: list | None = None, leak: int = 0) -> types.ModuleType:
+    """An experiment module following the contract; its metrics depend only on the seed and ``gap``.
+
+    Each seed tests 80 items of its own (ids ``s<seed>-<i>``) and trains on 40 others; ``leak`` of the test
+    items are also among the training items."""
     mod = types.ModuleType("demo_experiment")
     mod.Config = DemoConfig
     mod.PRESETS = {m: DemoConfig(gap=gap) for m in ("smoke", "quick", "full")}
@@ -110,7 +113,10 @@ def demo_experiment(gap: float = 0.1, *, plot_calls: list | None = None) -> type
         return SeedRun({"method": {"acc": base + cfg.gap}, "baseline": {"acc": base}},
                        notes={"absolute": "a toy cannot reach 0.99"},
                        units={"items": {"method": {"correct": method_correct.tolist()},
-                                        "baseline": {"correct": baseline_correct.tolist()}}})
+                                        "baseline": {"correct": baseline_correct.tolist()}}},
+                       unit_ids={"items": [f"s{cfg.seed}-{i}" for i in range(80)]},
+                       held_out={"items": {"train": [f"s{cfg.seed}-{i}" for i in range(80 - leak, 120 - leak)],
+                                           "validation": []}})
 
     mod.run = run
     if plot_calls is not None:

@@ -14,7 +14,8 @@ from icml26.runner import run_paper
 from .conftest import ROOT
 from .helpers import DEMO_CARD, demo_experiment, write_demo_card
 
-PAPER_README = "# Demo\n\n## Results\n\n<!-- icml26:results:begin -->\n<!-- icml26:results:end -->\n\n## Deviations\n"
+PAPER_README = ("# Demo\n\n## Results\n\n<!-- icml26:results:begin -->\n<!-- icml26:results:end -->\n\n## Deviations\n"
+                "\n## Card history\n\n<!-- icml26:history:begin -->\n<!-- icml26:history:end -->\n")
 
 
 CLEAN_ENV = {"python": "3.11", "torch": "2.13.0", "git_sha": "0" * 40, "git_dirty": False, "git_dirty_files": []}
@@ -62,6 +63,11 @@ def _claim(data, cid):
      "dirty tree (uncommitted: src/icml26/demo/experiment.py)"),
     (lambda d: d.update(complete=False), "partial result"),
     (lambda d: d.update(seeds=[0, 1, 5]), "differ from the card"),
+    (lambda d: _claim(d, "gain").update(direction="lower"), "does not follow"),
+    (lambda d: _claim(d, "absolute").update(headline=True), "does not follow"),
+    (lambda d: d["headline"].update(decidable=False), "headline entry"),
+    (lambda d: d["overlap"]["items"]["train"].__setitem__(0, 4), "overlap training"),
+    (lambda d: d["unit_ids"]["items"][0].__setitem__(1, "s0-0"), "does not follow"),
 ])
 def test_check_fails_on_each_forgery(tree, forge, message):
     root, demo = tree
@@ -70,6 +76,75 @@ def test_check_fails_on_each_forgery(tree, forge, message):
     _edit(root / "results" / "demo" / "quick.json", forge)
     outcome = update(root, papers=[demo], check=True)
     assert any(message in p for p in outcome.problems), outcome.problems
+
+
+def _git(root, *args):
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def git_tree(tmp_path, monkeypatch):
+    """The demo tree as a git repository whose results name its commit (as from a clean checkout)."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "icml26"\n')
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    demo = write_demo_card(root)
+    (demo.folder / "README.md").write_text(PAPER_README)
+    (demo.folder / "experiment.py").write_text("GAP = 0.1\n")
+    _git(root, "init", "-q")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "card")
+    sha = _git(root, "rev-parse", "HEAD")
+    monkeypatch.setattr(runner, "environment", lambda: {**CLEAN_ENV, "git_sha": sha})
+    for mode in ("quick", "full"):
+        run_paper(demo, mode=mode, out_dir=root / "results", experiment=demo_experiment(), show_progress=False)
+    return root, demo, sha
+
+
+@pytest.mark.parametrize("forge, message", [
+    (lambda d: d["provenance"].update(card_sha256="0" * 64), "card_sha256 is not the hash of the card"),
+    (lambda d: d["env"].update(git_sha="1" * 40), "is not a commit of this branch"),
+    (lambda d: d["provenance"]["sources"].update({"demo/experiment.py": "f" * 64}), "source hashes"),
+])
+def test_check_verifies_provenance_against_git(git_tree, forge, message):
+    root, demo, _ = git_tree
+    assert update(root, papers=[demo]).problems == []
+    _edit(root / "results" / "demo" / "full.json", forge)
+    outcome = update(root, papers=[demo], check=True)
+    assert any(message in p for p in outcome.problems), outcome.problems
+
+
+def test_card_history_lists_changes_after_the_first_result(git_tree):
+    root, _demo, _ = git_tree
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results")
+    looser = DEMO_CARD.replace('check = "method.acc - baseline.acc >= 0.05 over seeds"',
+                               'check = "method.acc - baseline.acc >= 0.02 over seeds"').replace(
+        'direction = "higher"\npaper = { value = "0.9"', 'direction = "lower"\npaper = { value = "0.9"')
+    changed = write_demo_card(root, looser)
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "loosen the gain")
+    outcome = update(root, papers=[changed])
+    text = (changed.folder / "README.md").read_text()
+    assert "| gain | threshold | `0.05` | `0.02` | looser | quick: holds → (no result since)" in text
+    assert "| absolute | direction | `higher` | `lower` |" in text
+    # the card changed after the results: the decision fields no longer match the commit they name
+    assert any("'absolute' changed on the card" in p and "direction" in p for p in outcome.problems)
+
+
+def test_config_must_be_the_preset(tree, monkeypatch):
+    from icml26 import report
+
+    root, demo = tree
+    data = json.loads((root / "results" / "demo" / "quick.json").read_text())
+    exp = demo_experiment()
+    monkeypatch.setattr(runner, "load_experiment", lambda paper: exp)
+    assert report.config_problems(demo, "quick", data, "q.json") == []
+    data["config"]["gap"] = 0.3
+    assert "config differs from the quick preset (gap: stored 0.3, preset 0.1)" in report.config_problems(
+        demo, "quick", data, "q.json")[0]
 
 
 def test_check_fails_when_the_source_changed_and_names_the_file(tree):
@@ -120,11 +195,11 @@ def test_report_writes_tables_then_is_idempotent(tree):
     assert set(first.changed) == {root / "README.md", demo.folder / "README.md"}
     readme = (root / "README.md").read_text()
     assert "[`demo`](src/icml26/demo/README.md) | method beats baseline | +5 points (Table 1; toy) |" in readme
-    assert "| holds | holds |" in readme
+    assert "| holds | holds (power " in readme  # full decides, quick beside it with its power
     paper = (demo.folder / "README.md").read_text()
     assert "### quick mode — seeds 0, 1, 2" in paper and "a toy cannot reach 0.99" in paper
     assert "runs (sanity)" in paper and "| **fails** |" in paper
-    assert paper.endswith("## Deviations\n")
+    assert paper.endswith("<!-- icml26:history:end -->\n") and "**Power of the headline** (`gain`" in paper
     second = update(root, papers=[demo])
     assert second.ok
     assert update(root, papers=[demo], check=True).ok

@@ -31,12 +31,22 @@ def test_writes_a_valid_result_with_computed_claims(demo, tmp_path):
     assert claims["gain"]["holds"] is True and claims["absolute"]["holds"] is False
     assert claims["absolute"]["notes"] == ["a toy cannot reach 0.99"]
     assert claims["runs"]["kind"] == "sanity" and claims["gain"]["kind"] == "evidence"
-    assert claims["items"]["units"] == "240 items (80 per seed x 3 seed(s)), paired"
+    assert claims["items"]["units"] == "240 distinct items in 3 run(s) (80 per seed x 3 seed(s)), paired"
+    assert claims["items"]["design"]["clusters"] == 3 and claims["items"]["direction"] == "higher"
+    assert result["rules"] == 3 and result["overlap"] == {"items": {"train": [0, 0, 0], "validation": [0, 0, 0]}}
+    assert result["unit_ids"]["items"][1][:2] == ["s1-0", "s1-1"]
+    assert result["headline"] == {"id": "gain", "verdict": "holds", "preconditions": {}, "decidable": True}
     assert result["arms"]["method"]["correct"]["unit"] == "items"
     assert result["complete"] is True and set(result["provenance"]) == {"card_sha256", "sources"}
     assert claims["gain"]["paper"] == {"value": "+5 points", "where": "Table 1", "scale": "toy"}
     assert result["env"]["python"] and "numpy" in result["env"]["packages"]
     assert calls == [(3, "quick", tmp_path / "res" / "demo")]
+
+
+def test_refuses_test_units_that_were_trained_on(demo, tmp_path):
+    with pytest.raises(ReproduceError, match=r"test units are also training.*items/train.*\[3, 3, 3\]"):
+        run_paper(demo, mode="quick", out_dir=tmp_path, experiment=demo_experiment(0.1, leak=3), show_progress=False)
+    assert not (tmp_path / "demo" / "quick.json").exists()
 
 
 def test_claim_fails_when_the_gap_is_too_small(demo, tmp_path):

@@ -285,6 +285,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for notice in outcome.notices:
+        print(f"note: {notice}", file=sys.stderr)
     for problem in outcome.problems:
         print(f"problem: {problem}", file=sys.stderr)
     verb = "stale" if args.check else "updated"

@@ -95,9 +95,13 @@ class Claim:
     modes: tuple[str, ...]
     headline: bool = False
     kind: str = "evidence"
-    """``evidence`` (counted in the verdict tallies) or ``sanity`` (holds by construction; shown, not counted)"""
+    """``evidence`` (a measurement of the method, counted in the verdict tallies), ``precondition`` (a
+    measurement that establishes the world's premise: the headline is decidable only when every precondition
+    holds) or ``sanity`` (arithmetic, or true by the construction of the code; shown, not counted)"""
     min_effect_why: str = ""
     """why the check's threshold is the smallest effect that matters (chosen before the run)"""
+    power_why: str = ""
+    """headline only: why the full preset cannot reach power 0.8 at the minimum effect, where it cannot"""
 
 
 @dataclass(frozen=True)
@@ -252,9 +256,14 @@ def load_card(path: str | Path) -> Paper:
         why = c.get("min_effect_why", "")
         if not isinstance(why, str):
             raise CardError(f"{cw}: min_effect_why must be a string")
-        if ckind == "evidence":
+        power_why = c.get("power_why", "")
+        if not isinstance(power_why, str):
+            raise CardError(f"{cw}: power_why must be a string")
+        if power_why and not c.get("headline", False):
+            raise CardError(f"{cw}: power_why belongs to the headline claim")
+        if ckind in ("evidence", "precondition"):
             if not why.strip():
-                raise CardError(f"{cw}: an evidence claim needs min_effect_why: why its threshold is the "
+                raise CardError(f"{cw}: an {ckind} claim needs min_effect_why: why its threshold is the "
                                 "smallest effect a user would care about, chosen before the run")
             neutral = 1.0 if check.combine == "/" else 0.0
             if check.comparative and not check.equivalence and check.threshold == neutral:
@@ -263,11 +272,12 @@ def load_card(path: str | Path) -> Paper:
                                 "construction)")
         claims.append(Claim(id=cid, text=_req(c, "text", str, cw), metric=_req(c, "metric", str, cw),
                             direction=direction, paper=pv, check=check, modes=claim_modes,
-                            headline=bool(c.get("headline", False)), kind=ckind, min_effect_why=why.strip()))
+                            headline=bool(c.get("headline", False)), kind=ckind, min_effect_why=why.strip(),
+                            power_why=power_why.strip()))
     if sum(c.headline for c in claims) > 1:
         raise CardError(f"{where}: at most one claim may set headline = true")
-    if any(c.headline and c.kind == "sanity" for c in claims):
-        raise CardError(f"{where}: the headline claim must be evidence, not a sanity check")
+    if any(c.headline and c.kind != "evidence" for c in claims):
+        raise CardError(f"{where}: the headline claim must be evidence, not a sanity check or a precondition")
 
     return Paper(
         number=number, slug=slug, title=_req(data, "title", str, where), short=_req(data, "short", str, where),

@@ -26,10 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.claims import VERDICTS, describe_interval, describe_stat
+from .common.claims import VERDICTS, Check, components, describe_interval, describe_stat
 from .common.io import atomic_write_text
 from .common.repro import provenance
 from .common.results import ResultSchemaError, read_result, summarize
+from .history import (
+    Git,
+    card_at,
+    card_history,
+    decision_of,
+    first_result,
+    provenance_problems,
+    render_card_history,
+)
 from .registry import Paper, list_papers
 
 REPORT_MODES = ("quick", "full")
@@ -48,6 +57,7 @@ class ReportOutcome:
 
     changed: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -116,15 +126,19 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
-def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path | str) -> list[str]:
+def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path | str,
+                  git: Git | None = None) -> list[str]:
     """Everything wrong with a stored result: recomputed numbers, card agreement, provenance.
 
     Every mean, std, per-unit mean, verdict, estimate, interval, test, units and ``ours`` text is recomputed
-    from the stored values; claims (text, check, kind, minimum-effect reason, paper value) and seeds are
-    compared with the card; the tree the result came from must have been clean and its source files must
-    hash as they do now.
+    from the stored values with the rules the result was decided by (``rules``: 3, or 2 for results written
+    before verdicts v3); claims (text, check, kind, direction, headline flag, minimum-effect reason, paper
+    value) and seeds are compared with the card; the tree the result came from must have been clean and its
+    source files must hash as they do now. With ``git``: ``env.git_sha`` must be a commit of this branch, the
+    card and source hashes must be those of that commit, and the card's decision fields then must equal the
+    card's now.
     """
-    from .runner import claim_entry  # the runner imports this module's helpers lazily; avoid a cycle
+    from .runner import claim_entry, headline_entry  # the runner imports this module lazily; avoid a cycle
 
     out: list[str] = []
     regen = _regen(paper, mode)
@@ -157,7 +171,8 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
                        f"now says {claim.check.text!r}); rerun {regen}")
             continue
         try:
-            fresh = claim_entry(claim, data["arms"], stored.get("notes", []))
+            fresh = claim_entry(claim, data["arms"], stored.get("notes", []), data.get("unit_ids"),
+                                rules=data.get("rules", 2))
         except (KeyError, ValueError) as exc:
             out.append(f"{path}: claim {cid!r} cannot be recomputed from the stored arms: {exc.args[0]}")
             continue
@@ -165,6 +180,25 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
         if differ:
             detail = "; ".join(f"{k}: stored {stored.get(k)!r}, recomputed {fresh[k]!r}" for k in differ[:3])
             out.append(f"{path}: claim {cid!r} does not follow from the stored values or the card ({detail})")
+    if data.get("rules", 2) >= 3:
+        head = headline_entry(paper, data["claims"]) if paper.headline.id in card else None
+        if head is not None and not _close(head, data.get("headline")):
+            out.append(f"{path}: its headline entry does not follow from its claims ({data.get('headline')!r})")
+        leaks = {u: c for u, c in data.get("overlap", {}).items() if any(any(v) for v in c.values())}
+        if leaks:
+            out.append(f"{path}: test units overlap training or validation units {leaks}; rerun {regen}")
+    if git is not None:
+        out.extend(provenance_problems(git, paper.slug, data, str(path)))
+        sha = str(data.get("env", {}).get("git_sha") or "")
+        then = card_at(git, sha, paper.slug) if git.is_commit_on_branch(sha) else None
+        if then is not None:
+            for cid in card:
+                old = decision_of(then, cid)
+                now = decision_of(_card_dict(paper), cid)
+                if old is not None and now is not None and old != now:
+                    fields = [f"{f} {old[f]!r} -> {now[f]!r}" for f in old if old[f] != now[f]]
+                    out.append(f"{path}: claim {cid!r} changed on the card since the result was written "
+                               f"({'; '.join(fields)}); rerun {regen}")
     env = data.get("env", {})
     if env.get("git_dirty"):
         files = env.get("git_dirty_files") or ["(files not recorded)"]
@@ -183,7 +217,32 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
     return out
 
 
-def _load(results_dir: Path, paper: Paper, mode: str, problems: list[str]) -> dict[str, Any] | None:
+def _card_dict(paper: Paper) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(paper.path.read_text(encoding="utf-8"))
+
+
+def config_problems(paper: Paper, mode: str, data: Mapping[str, Any], path: Path | str) -> list[str]:
+    """The stored ``config`` must be the experiment's preset for ``mode`` (imports the experiment module)."""
+    from .runner import _jsonable_config, load_experiment
+
+    try:
+        exp = load_experiment(paper)
+    except Exception as exc:
+        return [f"{path}: cannot import {paper.slug}'s experiment to compare its config ({type(exc).__name__}: "
+                f"{exc})"]
+    preset = json.loads(json.dumps(_jsonable_config(exp.PRESETS[mode]), default=str))
+    stored = data.get("config", {})
+    differ = sorted(k for k in preset.keys() | stored.keys() if not _close(preset.get(k), stored.get(k)))
+    if differ:
+        detail = "; ".join(f"{k}: stored {stored.get(k)!r}, preset {preset.get(k)!r}" for k in differ[:4])
+        return [f"{path}: config differs from the {mode} preset ({detail}); rerun {_regen(paper, mode)}"]
+    return []
+
+
+def _load(results_dir: Path, paper: Paper, mode: str, problems: list[str], git: Git | None = None,
+          configs: bool = False) -> dict[str, Any] | None:
     path = _result_path(results_dir, paper.slug, mode)
     if not path.is_file():
         if paper.implemented:
@@ -194,7 +253,9 @@ def _load(results_dir: Path, paper: Paper, mode: str, problems: list[str]) -> di
     except ResultSchemaError as exc:
         problems.append(f"{exc}; rerun {_regen(paper, mode)}")
         return None
-    problems.extend(verify_result(paper, mode, data, path))
+    problems.extend(verify_result(paper, mode, data, path, git))
+    if configs:
+        problems.extend(config_problems(paper, mode, data, path))
     return data
 
 
@@ -260,8 +321,67 @@ def tally(data: Mapping[str, Any] | None) -> str:
     return " / ".join(str(counts[v]) for v in VERDICTS)
 
 
+def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | None) -> str:
+    if entry is None or data is None:
+        return "—"
+    cell = _VERDICT_CELL[entry["verdict"]]
+    head = data.get("headline")
+    if head is not None and not head["decidable"]:
+        pending = ", ".join(f"{k} {v}" for k, v in head["preconditions"].items() if v != "holds")
+        cell = f"not decidable in this world ({pending}); measured: {cell}"
+    if data.get("rules", 2) < 3:
+        cell += " (verdicts v2)"
+    return cell
+
+
+def min_effect(check: Check) -> float | None:
+    """The minimum effect a comparative check asks, on its scale (log for a ratio); None for one ref."""
+    if check.baseline is None:
+        return None
+    if check.combine == "/":
+        return abs(math.log(check.threshold))
+    return abs(check.threshold)
+
+
+def power_statement(paper: Paper, quick: Mapping[str, Any] | None, full: Mapping[str, Any] | None
+                    ) -> dict[str, Any] | None:
+    """The headline's power, from the quick result's variance: quick's power at the minimum effect, and the
+    smallest effect the full preset detects with power 0.8 (its seeds, the full result's units per seed)."""
+    claim = paper.headline
+    if quick is None or claim.id not in {c["id"] for c in quick["claims"]}:
+        return None
+    try:
+        comp = components(claim.check, quick["arms"], quick.get("unit_ids"))
+    except (KeyError, ValueError):
+        return None
+    if comp is None:
+        return None
+    units_full = comp.units_per_run
+    if full is not None and claim.check.pairing not in ("seeds", "exactly"):
+        try:
+            stat = full["arms"][claim.check.method.arm][claim.check.method.metric]
+            units_full = float(sum(len(s) for s in stat["unit_values"]) / len(stat["unit_values"]))
+        except (KeyError, TypeError, ZeroDivisionError):
+            pass
+    runs_full = len(paper.modes["full"].seeds)
+    effect = min_effect(claim.check)
+    if effect is None:  # one ref: the distance quick measured between its estimate and the threshold
+        entry = next(c for c in quick["claims"] if c["id"] == claim.id)
+        effect = abs(float(entry["estimate"]) - claim.check.threshold) if math.isfinite(entry["estimate"]) else 0.0
+    mde = comp.detectable(runs_full, units_full)
+    return {"quick_power": comp.power(effect, comp.runs, comp.units_per_run), "full_detectable": mde,
+            "min_effect": effect, "enough": mde <= effect, "runs_full": runs_full, "units_full": units_full,
+            "seed_spread_measured": comp.runs > 1, "ratio": claim.check.combine == "/",
+            "one_ref": claim.check.baseline is None, "over_seeds": claim.check.pairing == "seeds"}
+
+
+def _effect_text(x: float, ratio: bool) -> str:
+    return f"x{math.exp(x):.3g} (log {x:.3g})" if ratio else f"{x:.3g}"
+
+
 def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]]) -> str:
-    """The README results table: per implemented paper, the headline verdict and the evidence tallies."""
+    """The README results table: per implemented paper, the headline's full verdict (the decision), quick's
+    beside it as a pipeline check with its power, and the evidence tallies."""
     rows = []
     for p in papers:
         if not p.implemented or (p.slug, "quick") not in loaded:
@@ -273,27 +393,33 @@ def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]])
         full_entry = next((c for c in full["claims"] if c["id"] == claim.id), None) if full else None
         if entry is None:
             continue
+        power = power_statement(p, quick, full)
+        quick_cell = _VERDICT_CELL[entry["verdict"]] + (f" (power {power['quick_power']:.2f})" if power else "")
         rows.append([
             f"[`{p.slug}`](src/icml26/{p.slug}/README.md)", claim.text, str(claim.paper),
-            f"{claim.check.word} {describe_interval(entry)}", _VERDICT_CELL[entry["verdict"]],
-            _VERDICT_CELL[full_entry["verdict"]] if full_entry else "—",
-            tally(quick), tally(full), f"{quick['wall_s']:.0f} s"])
+            f"{claim.check.word} {describe_interval(full_entry)}" if full_entry else "—",
+            _headline_cell(full_entry, full), quick_cell, tally(full), tally(quick)])
     if not rows:
         return "_No paper is implemented yet._"
-    header = ["paper", "headline claim", "paper's value (where; scale)", "ours, quick [one-sided 95 % bounds]",
-              "quick", "full", "evidence quick: holds / inconclusive / fails", "evidence full", "quick time"]
+    header = ["paper", "headline claim", "paper's value (where; scale)", "ours, full [one-sided 95 % bounds]",
+              "full (the decision)", "quick: pipeline check (power at the minimum effect)",
+              "evidence full: holds / inconclusive / fails", "evidence quick"]
     return markdown_table(header, rows) + (
         "\n\nVerdicts come from each card's check: a claim *holds* when its one-sided 95 % confidence bound "
         "clears the card's minimum effect, *fails* when the other bound falls short of it, and is "
-        "*inconclusive* otherwise (`icml26.common.claims`). Sanity checks (true by construction) are shown in "
-        "the papers' READMEs and not counted. Quick mode on this project's 2-core CPU machine.")
+        "*inconclusive* otherwise (`icml26.common.claims`); the seed is a training run and its units are "
+        "counted as a cluster, each distinct unit once. Full mode decides; quick runs other seeds and checks "
+        "the pipeline (its power, from its own variance, is beside it). A headline is *not decidable in this "
+        "world* unless every precondition of its mode holds. Sanity checks (true by construction) and "
+        "preconditions are shown in the papers' READMEs and not counted. \"(verdicts v2)\" marks a result "
+        "written before verdicts v3 (units pooled across seeds), still to be regenerated.")
 
 
 def render_claims(data: Mapping[str, Any]) -> str:
     rows = []
     for c in data["claims"]:
         rows.append([
-            c["id"] + (" (sanity)" if c["kind"] == "sanity" else ""), c["text"],
+            c["id"] + (f" ({c['kind']})" if c["kind"] != "evidence" else ""), c["text"],
             f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
             c["ours"], _VERDICT_CELL[c["verdict"]],
             f"`{c['check']}`: {c['test']}; {c['units']}",
@@ -302,21 +428,47 @@ def render_claims(data: Mapping[str, Any]) -> str:
                            "decided by", "why this threshold", "notes"], rows)
 
 
+def render_power(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+    """One paragraph: the headline's power, from the quick result's variance."""
+    power = power_statement(paper, loaded.get((paper.slug, "quick")), loaded.get((paper.slug, "full")))
+    if power is None:
+        return ""
+    ratio = power["ratio"]
+    text = (f"**Power of the headline** (`{paper.headline.id}`, from the quick result's variance"
+            + ("" if power["seed_spread_measured"] else "; one distinct quick run, so the seed-to-seed spread is "
+               "not measured and taken as 0") + "): "
+            + ("the quick estimate lies " if power["one_ref"] else "the minimum effect is ")
+            + f"{_effect_text(power['min_effect'], ratio)}"
+            + (" from the threshold" if power["one_ref"] else "")
+            + f", where quick's power is {power['quick_power']:.2f}; the full preset ({power['runs_full']} seed(s)"
+            + ("" if power["over_seeds"] else f" x {power['units_full']:.0f} unit(s)") + ") resolves "
+            f"{_effect_text(power['full_detectable'], ratio)} with power 0.8"
+            + (": enough." if power["enough"] else ", more than that."))
+    if not power["enough"]:
+        text += (f" Why the full preset is not larger: {paper.headline.power_why}" if paper.headline.power_why
+                 else " The card does not yet say why the full preset is not enlarged (`power_why`).")
+    return text
+
+
 def render_paper(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
-    """A paper README's generated block: claims and arms for each mode with a result."""
+    """A paper README's generated block: the headline's power, then claims and arms for each mode."""
     parts: list[str] = []
+    power = render_power(paper, loaded)
+    if power:
+        parts.append(power)
     for mode in REPORT_MODES:
         data = loaded.get((paper.slug, mode))
         if data is None:
             continue
         env = data["env"]
+        rules = "verdicts v3" if data.get("rules", 2) >= 3 else "verdicts v2 (units pooled; to be regenerated)"
         parts.append(
             f"### {mode} mode — seeds {', '.join(map(str, data['seeds']))}; {data['wall_s']:.0f} s; "
-            f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}; evidence holds / inconclusive / "
-            f"fails: {tally(data)}")
+            f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}; {rules}; evidence holds / "
+            f"inconclusive / fails: {tally(data)}")
         parts.append(render_claims(data))
         parts.append(render_arms(data["arms"]))
-    if not parts:
+    if not any(k[0] == paper.slug for k in loaded):
         return f"_No results yet: run `icml26 reproduce {paper.slug} --mode quick`._"
     return "\n\n".join(parts)
 
@@ -402,7 +554,7 @@ def _update_file(path: Path, blocks: dict[str, str], check: bool, outcome: Repor
 
 
 def update(root: str | Path | None = None, *, check: bool = False, results_dir: str | Path | None = None,
-           papers: list[Paper] | None = None) -> ReportOutcome:
+           papers: list[Paper] | None = None, configs: bool | None = None) -> ReportOutcome:
     """Regenerate every table under ``root`` (or, with ``check``, only list what is stale or wrong).
 
     Args:
@@ -410,20 +562,37 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
         check: change nothing; report stale files in ``outcome.changed``.
         results_dir: default ``root/results``.
         papers: default all registered papers.
+        configs: compare each result's config with its experiment's preset (imports every experiment);
+            default: when ``papers`` is the registry's.
+
+    In a git checkout with its full history, each paper README also gets its "Card history" block and every
+    result is checked against the commit it names; in a shallow clone or outside git both are skipped and
+    ``outcome.notices`` says so.
     """
     root = find_root() if root is None else Path(root)
     results = Path(results_dir) if results_dir is not None else root / "results"
+    configs = papers is None if configs is None else configs
     papers = list_papers() if papers is None else papers
     outcome = ReportOutcome()
     problems: list[str] = []
     loaded: dict[tuple[str, str], dict[str, Any]] = {}
+    git = Git.find(root) if (root / ".git").exists() else None
+    if git is None:
+        outcome.notices.append(f"{root} has no full git history here: the card histories and the results' "
+                               "commits were not checked")
     for p in papers:
         if not p.implemented:
             continue
         for mode in REPORT_MODES:
-            data = _load(results, p, mode, problems)
+            data = _load(results, p, mode, problems, git, configs)
             if data is not None:
                 loaded[p.slug, mode] = data
+        quick, full = loaded.get((p.slug, "quick")), loaded.get((p.slug, "full"))
+        if quick and full and quick.get("rules", 2) >= 3 and full.get("rules", 2) >= 3:
+            shared = sorted(set(quick["seeds"]) & set(full["seeds"]))
+            if shared:
+                problems.append(f"{p.slug}: quick and full share seeds {shared}; full must replicate on seeds "
+                                "of its own (verdicts v3)")
     _update_file(root / "README.md", {"index": render_index(papers),
                                       "results": render_summary(papers, loaded)}, check, outcome)
     for p in papers:
@@ -431,6 +600,8 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
             continue
         readme = root / "src" / "icml26" / p.slug / "README.md"
         blocks = {"results": render_paper(p, loaded)}
+        if git is not None:
+            blocks["history"] = render_card_history(card_history(git, p.slug), first_result(git, p.slug))
         bench_path = results / p.slug / "bench.json"
         bench = None
         if bench_path.is_file():

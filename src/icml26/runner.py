@@ -40,11 +40,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .common.claims import ours_text
+from .common.claims import RULES, ours_text
 from .common.optional import install_hint
 from .common.progress import progress
 from .common.repro import environment, provenance, seed_everything, set_threads
-from .common.results import MODES, SeedRun, aggregate_arms, write_result
+from .common.results import MODES, SeedRun, aggregate_arms, aggregate_ids, write_result
 from .registry import Claim, Paper, missing_extras
 
 
@@ -97,40 +97,69 @@ def _jsonable_config(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def claim_entry(claim: Claim, arms: dict[str, Any], notes: Sequence[str] = ()) -> dict[str, Any]:
+def claim_entry(claim: Claim, arms: dict[str, Any], notes: Sequence[str] = (),
+                unit_ids: dict[str, Any] | None = None, *, rules: int = RULES) -> dict[str, Any]:
     """The result JSON's entry for ``claim`` decided on ``arms`` (what ``icml26 report --check`` recomputes).
+
+    ``rules=2`` gives the entry of a result written before verdicts v3 (no ``direction``/``headline``/
+    ``design``).
 
     Raises:
         KeyError, ValueError: the check does not fit the arms (see ``Check.evaluate``).
     """
-    outcome = claim.check.evaluate(arms)
+    outcome = claim.check.evaluate(arms, unit_ids, rules=rules)
     entry = {"id": claim.id, "text": claim.text, "check": claim.check.text, "kind": claim.kind,
              "min_effect_why": claim.min_effect_why, "paper": claim.paper.as_dict(),
              "ours": ours_text(claim.check, arms, outcome), **outcome.as_dict()}
     entry["notes"] = list(notes)
+    if rules >= 3:
+        entry["direction"] = claim.direction
+        entry["headline"] = claim.headline
     return entry
 
 
-def decide_claim(paper: Paper, claim: Claim, arms: dict[str, Any], runs: Sequence[SeedRun]) -> dict[str, Any]:
+def decide_claim(paper: Paper, claim: Claim, arms: dict[str, Any], runs: Sequence[SeedRun],
+                 unit_ids: dict[str, Any] | None = None) -> dict[str, Any]:
     notes = sorted({r.notes[claim.id] for r in runs if claim.id in r.notes})
     try:
-        return claim_entry(claim, arms, notes)
+        return claim_entry(claim, arms, notes, unit_ids)
     except (KeyError, ValueError) as exc:
         raise ReproduceError(f"{paper.slug}: claim {claim.id!r}: {exc.args[0]}") from exc
+
+
+def headline_entry(paper: Paper, claims: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The headline's verdict and whether this world can decide it: every precondition of the mode holds."""
+    head = next((c for c in claims if c["id"] == paper.headline.id), None)
+    if head is None:
+        return None
+    pre = {c["id"]: c["verdict"] for c in claims if c["kind"] == "precondition"}
+    return {"id": head["id"], "verdict": head["verdict"], "preconditions": pre,
+            "decidable": all(v == "holds" for v in pre.values())}
 
 
 def _assemble(paper: Paper, mode: str, seeds: Sequence[int], cfg: Any, runs: Sequence[SeedRun],
               prov: dict[str, Any], env: dict[str, Any], wall_s: float, *, complete: bool) -> dict[str, Any]:
     try:
         arms = aggregate_arms(runs)
+        unit_ids, overlap = aggregate_ids(runs)
     except ValueError as exc:
         raise ReproduceError(f"{paper.slug}: {exc}") from exc
-    claims = [decide_claim(paper, claim, arms, runs) for claim in paper.claims_for(mode)]
-    return {
+    leaks = {f"{u}/{split}": counts for u, splits in overlap.items() for split, counts in splits.items()
+             if any(counts)}
+    if leaks:
+        raise ReproduceError(f"{paper.slug}: test units are also training or validation units (per seed: "
+                             f"{leaks}); held-out units must be disjoint from them")
+    claims = [decide_claim(paper, claim, arms, runs, unit_ids) for claim in paper.claims_for(mode)]
+    out = {
         "slug": paper.slug, "mode": mode, "seeds": list(seeds), "config": _jsonable_config(cfg),
         "arms": arms, "claims": claims, "provenance": prov, "env": env, "complete": complete,
         "wall_s": round(wall_s, 3), "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+        "rules": RULES, "unit_ids": unit_ids, "overlap": overlap,
     }
+    head = headline_entry(paper, claims)
+    if head is not None:
+        out["headline"] = head
+    return out
 
 
 def check_writable(out_dir: str | Path) -> Path:

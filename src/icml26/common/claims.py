@@ -533,6 +533,78 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
                     "design_effect": None if deff is None else round(deff, 6), "within_duplicates": merged})
 
 
+@dataclass(frozen=True)
+class Components:
+    """The variance of a check's paired quantity, split as the design splits it (from one result)."""
+
+    within: float
+    """variance between units of one run (0 for a check over seeds)"""
+    between: float
+    """variance of the true run means around the method's mean (seed-to-seed spread, >= 0)"""
+    runs: int
+    units_per_run: float
+    shared: bool
+    """the runs share their units (a fixed test set)"""
+
+    def standard_error(self, runs: int, units_per_run: float) -> tuple[float, float]:
+        """``(SE, df)`` of the compared quantity under a design of ``runs`` x ``units_per_run``."""
+        if units_per_run < 1 or runs < 1:
+            raise ValueError(f"need runs >= 1 and units_per_run >= 1, got {runs}, {units_per_run}")
+        if runs == 1:
+            return math.sqrt(self.within / units_per_run), max(units_per_run - 1.0, 1.0)
+        if self.shared:
+            var = self.between / runs + self.within / units_per_run
+        else:
+            var = (self.between + self.within / units_per_run) / runs
+        return math.sqrt(var), float(runs - 1)
+
+    def power(self, effect: float, runs: int, units_per_run: float, level: float = CONFIDENCE) -> float:
+        """Probability that the one-sided bound clears a threshold ``effect`` below the true quantity (t
+        approximation, on the check's scale: log for a ratio)."""
+        from scipy import stats
+
+        se, df = self.standard_error(runs, units_per_run)
+        if se == 0:
+            return 1.0 if effect > 0 else 0.0
+        return float(stats.nct.sf(stats.t.ppf(level, df), df, abs(effect) / se))
+
+    def detectable(self, runs: int, units_per_run: float, power: float = 0.8, level: float = CONFIDENCE) -> float:
+        """The smallest distance between the true quantity and the threshold that the design resolves with
+        ``power``: ``(t_level + t_power) * SE`` with the design's degrees of freedom."""
+        from scipy import stats
+
+        se, df = self.standard_error(runs, units_per_run)
+        return float((stats.t.ppf(level, df) + stats.t.ppf(power, df)) * se)
+
+
+def components(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]],
+               unit_ids: Mapping[str, Sequence[Sequence[Any]]] | None = None) -> Components | None:
+    """The variance components of ``check``'s paired quantity in a stored result (``None`` when the check is
+    deterministic or has a non-finite value). With one distinct run, ``between`` is 0: not measured."""
+    if check.deterministic:
+        return None
+    series = check._series(arms)
+    if any(not math.isfinite(v) for s in series for seed in s for v in seed):
+        return None
+    if check.combine == "/" and any(v <= 0 for s in series for seed in s for v in seed):
+        return None
+    if check.pairing == "seeds":
+        x = np.array([check._pair(series, g)[0] for g in range(len(series[0]))])
+        return Components(0.0, float(x.var(ddof=1)) if len(x) > 1 else 0.0, len(x), 1.0, False)
+    ids = _unit_ids_for(check, series, unit_ids)
+    runs, _ = _distinct_runs(series, ids)
+    paired = check._pair_runs(runs)
+    sizes = [len(d) for d in paired]
+    within = float(np.mean([d.var(ddof=1) for d in paired if len(d) > 1])) if max(sizes) > 1 else 0.0
+    m = float(np.mean(sizes))
+    shared = ids is not None and len({u for r in runs for u in r.ids}) < sum(sizes)
+    between = 0.0
+    if len(runs) > 1:
+        spread = float(np.var([d.mean() for d in paired], ddof=1))
+        between = max(0.0, spread - (0.0 if shared else within / m))
+    return Components(within, between, len(runs), m, shared)
+
+
 def _finish(check: Check, est: float, lo: float, hi: float, test: str, desc: str, n: int,
             per_seed: tuple[float, ...], design: dict[str, Any]) -> Outcome:
     estimate, lo_b, hi_b = check._back(est), check._back(lo), check._back(hi)

@@ -9,7 +9,15 @@
                  "verdict", "holds", "estimate", "interval", "test", "units", "per_seed", "why", "notes"}],
      "provenance": {"card_sha256", "sources": {path: sha256}},
      "env":    {python, torch, numpy, packages, git_sha, git_dirty, cpu, threads, ...},
-     "complete", "wall_s", "created"}
+     "complete", "wall_s", "created",
+     # verdicts v3 (absent in results written before it, which are verified with the v2 rules):
+     "rules": 3,
+     "unit_ids": {UNIT: [[id per unit] per seed]},            # what each unit is (prompt hash, episode, ...)
+     "overlap":  {UNIT: {"train": [n per seed], "validation": [n per seed]}},   # test ids also used there
+     "headline": {"id", "verdict", "decidable", "preconditions": {id: verdict}}}
+
+A v3 claim entry also holds ``direction``, ``headline`` and ``design`` (distinct runs and units, the design
+effect). Non-finite numbers are written as ``null`` (strict JSON) and read back as NaN.
 
 Only ``icml26 reproduce`` writes these files. ``std`` is the sample standard deviation (ddof = 1; 0 for one
 seed). A metric with per-unit values (``SeedRun.units``) has, on each seed, the mean of its units as value.
@@ -33,13 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .claims import CLAIM_KINDS, VERDICTS, is_number_list
+from .claims import CLAIM_KINDS, RULES, VERDICTS, is_number_list
 from .io import atomic_write_text
 
 SCHEMA_KEYS = ("slug", "mode", "seeds", "config", "arms", "claims", "provenance", "env", "complete", "wall_s",
                "created")
 CLAIM_KEYS = ("id", "text", "check", "kind", "min_effect_why", "paper", "ours", "verdict", "holds", "estimate",
               "interval", "test", "units", "per_seed", "why", "notes")
+#: what a verdicts-v3 claim entry holds besides ``CLAIM_KEYS``
+CLAIM_KEYS_V3 = ("direction", "headline", "design")
+#: the splits a test unit must not also belong to
+HELD_OUT_SPLITS = ("train", "validation")
 #: agreement asked between a seed's metric value and the mean of its per-unit values
 UNIT_MEAN_RTOL = 1e-9
 MODES = ("smoke", "quick", "full")
@@ -59,15 +71,21 @@ class SeedRun:
         notes: ``{claim_id: text}``: the experiment's own remark on a claim (e.g. why it cannot hold at this
             scale); stored in the claim's ``notes``.
         units: ``{unit: {arm: {metric: [one value per unit]}}}``: per-unit outcomes (``"prompts"``,
-            ``"episodes"``, ``"replications"``), paired by index across arms, that a check ``over UNIT`` pools
-            across seeds. The metric's per-seed value is the mean of its units; it may be left out of
-            ``metrics`` and is filled in.
+            ``"episodes"``, ``"replications"``), paired by index across arms, that a check ``over UNIT``
+            decides. The metric's per-seed value is the mean of its units; it may be left out of ``metrics``
+            and is filled in.
+        unit_ids: ``{unit: [one id per unit]}``: what each unit is (a prompt's text hash, an episode seed, an
+            incident id, a test item's index in a fixed pool), so that a unit is counted once (``claims``).
+        held_out: ``{unit: {"train": ids, "validation": ids}}``: the ids of that kind of unit the run trained
+            or tuned on; a test unit among them makes the reproduction refuse the result.
     """
 
     metrics: dict[str, dict[str, float]]
     series: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     units: dict[str, dict[str, dict[str, Sequence[float]]]] = field(default_factory=dict)
+    unit_ids: dict[str, Sequence[Any]] = field(default_factory=dict)
+    held_out: dict[str, dict[str, Sequence[Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.metrics, Mapping) or (not self.metrics and not self.units):
@@ -99,6 +117,34 @@ class SeedRun:
                         raise ValueError(f"metrics[{arm!r}][{name!r}] = {given} is not the mean of its "
                                          f"{unit} ({mean})")
                     self.metrics.setdefault(arm, {})[name] = mean
+        self._check_ids(seen)
+
+    def _check_ids(self, seen: Mapping[tuple[str, str], str]) -> None:
+        if not isinstance(self.unit_ids, Mapping) or not isinstance(self.held_out, Mapping):
+            raise TypeError("unit_ids must be {unit: [ids]} and held_out {unit: {split: [ids]}}")
+        for unit, ids in self.unit_ids.items():
+            if unit not in self.units:
+                raise ValueError(f"unit_ids names {unit!r}, which has no per-unit values (units: {sorted(self.units)})")
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+                raise TypeError(f"unit_ids[{unit!r}] must be a list of ids")
+            self.unit_ids[unit] = [str(u) for u in ids]
+            for (arm, name), u in seen.items():
+                n = len(self.units[u][arm][name])
+                if u == unit and n != len(ids):
+                    raise ValueError(f"unit_ids[{unit!r}] has {len(ids)} ids but {arm}.{name} has {n} units")
+        for unit, splits in self.held_out.items():
+            if unit not in self.unit_ids:
+                raise ValueError(f"held_out names {unit!r}, which has no unit_ids")
+            if not isinstance(splits, Mapping) or set(splits) - set(HELD_OUT_SPLITS):
+                raise ValueError(f"held_out[{unit!r}] must map {HELD_OUT_SPLITS} to ids")
+
+    def overlap(self) -> dict[str, dict[str, int]]:
+        """``{unit: {split: how many distinct test ids are also in that split}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for unit, splits in self.held_out.items():
+            test = set(self.unit_ids[unit])
+            out[unit] = {split: len(test & {str(u) for u in splits.get(split, ())}) for split in HELD_OUT_SPLITS}
+        return out
 
     def unit_of(self, arm: str, metric: str) -> str | None:
         """The unit name of ``arm.metric``'s per-unit values, or ``None``."""
@@ -150,6 +196,21 @@ def aggregate_arms(runs: Sequence[SeedRun]) -> dict[str, dict[str, dict[str, Any
                 stat["unit_values"] = [[float(v) for v in r.units[unit][arm][m]] for r in runs]
             out[arm][m] = stat
     return out
+
+
+def aggregate_ids(runs: Sequence[SeedRun]) -> tuple[dict[str, list[list[str]]], dict[str, dict[str, list[int]]]]:
+    """``(unit_ids, overlap)`` of a result: per unit, the ids and the held-out overlap counts of every seed.
+
+    Raises:
+        ValueError: seeds disagree on which units carry ids or held-out sets.
+    """
+    names = set(runs[0].unit_ids)
+    splits = set(runs[0].held_out)
+    if any(set(r.unit_ids) != names or set(r.held_out) != splits for r in runs):
+        raise ValueError("seeds disagree on which units carry ids or held-out sets")
+    ids = {u: [list(r.unit_ids[u]) for r in runs] for u in sorted(names)}
+    overlap = {u: {s: [r.overlap()[u][s] for r in runs] for s in HELD_OUT_SPLITS} for u in sorted(splits)}
+    return ids, overlap
 
 
 def validate_result(data: Mapping[str, Any]) -> None:
@@ -212,6 +273,31 @@ def validate_result(data: Mapping[str, Any]) -> None:
         raise ResultSchemaError("wall_s must be a non-negative number")
     if not isinstance(data["env"], Mapping):
         raise ResultSchemaError("env must be an object")
+    rules = data.get("rules", 2)
+    if rules not in (2, RULES):
+        raise ResultSchemaError(f"rules must be 2 (absent) or {RULES}, got {rules!r}")
+    if rules == RULES:
+        _validate_v3(data)
+
+
+def _validate_v3(data: Mapping[str, Any]) -> None:
+    for claim in data["claims"]:
+        missing = [k for k in CLAIM_KEYS_V3 if k not in claim]
+        if missing:
+            raise ResultSchemaError(f"claim {claim['id']!r} is missing keys {missing} (verdicts v3)")
+    n = len(data["seeds"])
+    for unit, per_seed in data.get("unit_ids", {}).items():
+        if not isinstance(per_seed, list) or len(per_seed) != n or not all(
+                isinstance(s, list) and all(isinstance(u, str) for u in s) for s in per_seed):
+            raise ResultSchemaError(f"unit_ids[{unit!r}] must be one list of string ids per seed")
+    for unit, splits in data.get("overlap", {}).items():
+        if not isinstance(splits, Mapping) or set(splits) != set(HELD_OUT_SPLITS) or not all(
+                isinstance(v, list) and len(v) == n and all(isinstance(x, int) for x in v) for v in splits.values()):
+            raise ResultSchemaError(f"overlap[{unit!r}] must give {HELD_OUT_SPLITS} counts per seed")
+    head = data.get("headline")
+    if head is not None and not (isinstance(head, Mapping) and {"id", "verdict", "decidable", "preconditions"}
+                                 <= set(head)):
+        raise ResultSchemaError("headline must hold id, verdict, decidable and preconditions")
 
 
 def _json_default(obj: Any) -> Any:
@@ -225,7 +311,7 @@ def _json_default(obj: Any) -> Any:
 
 
 def dumps_result(data: Mapping[str, Any]) -> str:
-    """Serialise a result deterministically (sorted keys, 2-space indent, NaN written as ``NaN``).
+    """Serialise a result deterministically (sorted keys, 2-space indent; strict JSON: NaN written as ``null``).
 
     Per-unit value lists are written one seed per line, whole numbers without ``.0``, so a result with
     thousands of units stays readable and small.
@@ -241,7 +327,8 @@ def dumps_result(data: Mapping[str, Any]) -> str:
                     # whole numbers (0/1 outcomes, counts) written without ".0": half the size of a 0/1 file
                     ints = [[int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2**53 else x
                              for x in seed] for seed in v]
-                    compact[key] = json.dumps(ints, default=_json_default, allow_nan=True, separators=(",", ":"))
+                    compact[key] = json.dumps(_finite_or_null(ints), default=_json_default, allow_nan=False,
+                                              separators=(",", ":"))
                     out[k] = key
                 else:
                     out[k] = shrink(v)
@@ -250,10 +337,38 @@ def dumps_result(data: Mapping[str, Any]) -> str:
             return [shrink(v) for v in obj]
         return obj
 
-    text = json.dumps(shrink(data), indent=2, sort_keys=True, default=_json_default, allow_nan=True) + "\n"
+    text = json.dumps(shrink(_finite_or_null(data)), indent=2, sort_keys=True, default=_json_default,
+                      allow_nan=False) + "\n"
     for key, value in compact.items():
         text = text.replace(f'"{key}"', value.replace("],[", "],\n        ["), 1)
     return text
+
+
+#: the numeric fields whose ``null`` (a non-finite number in strict JSON) reads back as NaN
+_NUMERIC_KEYS = frozenset({"mean", "std", "values", "unit_values", "estimate", "interval", "per_seed"})
+
+
+def _finite_or_null(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by ``None`` (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    if getattr(obj, "shape", None) == () and hasattr(obj, "item"):  # numpy / torch scalars
+        return _finite_or_null(obj.item())
+    return obj
+
+
+def _null_to_nan(obj: Any, numeric: bool = False) -> Any:
+    if obj is None and numeric:
+        return math.nan
+    if isinstance(obj, Mapping):
+        return {k: _null_to_nan(v, k in _NUMERIC_KEYS) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_null_to_nan(v, numeric) for v in obj]
+    return obj
 
 
 def write_result(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
@@ -268,7 +383,7 @@ def read_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a result JSON."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = _null_to_nan(json.loads(p.read_text(encoding="utf-8")))
     except json.JSONDecodeError as exc:
         raise ResultSchemaError(f"{p}: not valid JSON ({exc})") from exc
     try:
