@@ -128,8 +128,8 @@ def test_card_history_lists_changes_after_the_first_result(git_tree):
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "loosen the gain")
     outcome = update(root, papers=[changed])
     text = (changed.folder / "README.md").read_text()
-    assert "| gain | threshold | `0.05` | `0.02` | looser | quick: holds → (no result since)" in text
-    assert "| absolute | direction | `higher` | `lower` |" in text
+    assert "| gain | threshold: `0.05` → `0.02` | looser | quick: holds → (no result since)" in text
+    assert "| absolute | direction: `higher` → `lower` |  |" in text
     # the card changed after the results: the decision fields no longer match the commit they name
     assert any("'absolute' changed on the card" in p and "direction" in p for p in outcome.problems)
 

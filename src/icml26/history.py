@@ -232,18 +232,24 @@ def render_card_history(changes: list[CardChange], first_result: str | None) -> 
     if not changes:
         since = f" (first result: {first_result[:10]})" if first_result else ""
         return f"_No change to a claim's decision or a mode's seeds since the first committed result{since}._"
-    rows = []
+    grouped: dict[tuple[str, str], list[CardChange]] = {}
     for c in changes:
-        effect = {True: "looser", False: "stricter", None: ""}[c.looser]
-        verdicts = "; ".join(f"{m}: {a} → {b}" for m, (a, b) in c.verdicts.items()) or "—"
-        rows.append([f"`{c.sha[:10]}` {c.date}", c.claim, c.field, f"`{c.old}`", f"`{c.new}`", effect, verdicts,
-                     c.subject[:140] + ("…" if len(c.subject) > 140 else "")])
+        grouped.setdefault((c.sha, c.claim), []).append(c)
+    rows = []
+    for (sha, claim), group in grouped.items():
+        head = group[0]
+        what = "; ".join(f"{c.field}: `{c.old}` → `{c.new}`" for c in group)
+        marks = {c.looser for c in group} - {None}
+        effect = "looser" if marks == {True} else "stricter" if marks == {False} else "mixed" if marks else ""
+        verdicts = "; ".join(f"{m}: {a} → {b}" for m, (a, b) in head.verdicts.items()) or "—"
+        rows.append([f"`{sha[:10]}` {head.date}", claim, what, effect, verdicts,
+                     head.subject[:140] + ("…" if len(head.subject) > 140 else "")])
     return ("Generated from git by `icml26 report`: every change to a claim's threshold, comparison, test, units, "
             "direction, headline flag, kind or modes, and to a mode's seeds, made after this paper's first "
             "committed result; the verdicts are those of the committed results just before the change and at "
-            "the first result written at or after it.\n\n"
-            + markdown_table(["commit", "claim", "field", "before", "after", "", "verdicts (before → after)",
-                              "commit message"], rows))
+            "the first result written at or after it. \"looser\" marks a threshold moved so that *holds* is "
+            "easier.\n\n"
+            + markdown_table(["commit", "claim", "change", "", "verdicts (before → after)", "commit message"], rows))
 
 
 def first_result(git: Git, slug: str) -> str | None:
