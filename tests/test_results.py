@@ -160,3 +160,36 @@ def test_written_files_get_plain_permissions(tmp_path):
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "p.png").stat().st_mode) == 0o644
+
+
+def test_committed_v3_results_are_strict_json():
+    """Results decided under verdicts v3 hold no bare NaN/Infinity (strict parsers reject them); non-finite
+    numbers are written as null and read back as NaN."""
+    import json
+
+    from .conftest import ROOT
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    for path in sorted((ROOT / "results").glob("*/*.json")):
+        text = path.read_text(encoding="utf-8")
+        if '"rules": 3' not in text:
+            continue
+        json.loads(text, parse_constant=refuse)
+
+
+def test_nan_round_trips_as_null(tmp_path):
+    import json
+    import math
+
+    from icml26.common.results import dumps_result
+
+    text = dumps_result({"estimate": float("nan"), "values": [1.0, float("inf")], "unit_values": [[0.5, float("nan")]]})
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text)
+    assert data["estimate"] is None and data["values"] == [1.0, None] and data["unit_values"] == [[0.5, None]]
+    from icml26.common.results import _null_to_nan
+
+    back = _null_to_nan(data)
+    assert math.isnan(back["estimate"]) and math.isnan(back["values"][1]) and math.isnan(back["unit_values"][0][1])
