@@ -193,3 +193,17 @@ def test_nan_round_trips_as_null(tmp_path):
 
     back = _null_to_nan(data)
     assert math.isnan(back["estimate"]) and math.isnan(back["values"][1]) and math.isnan(back["unit_values"][0][1])
+
+
+def test_source_digest_names_the_installed_code(tmp_path):
+    from icml26.common.repro import source_digest
+
+    pkg = tmp_path / "icml26"
+    (pkg / "demo").mkdir(parents=True)
+    (pkg / "demo" / "experiment.py").write_text("A = 1\n")
+    (pkg / "demo" / "README.md").write_text("prose\n")
+    first = source_digest(pkg)
+    (pkg / "demo" / "README.md").write_text("other prose\n")
+    assert source_digest(pkg) == first  # prose does not decide numbers
+    (pkg / "demo" / "experiment.py").write_text("A = 2\n")
+    assert source_digest(pkg) != first

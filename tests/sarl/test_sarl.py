@@ -561,3 +561,37 @@ def test_planner_copies_are_exact_and_choices_valid():
         LookaheadPlanner(horizon=0)
     with pytest.raises(ValueError, match="max_agents"):
         LookaheadPlanner(max_agents=1.5)
+
+
+def test_units_carry_scenario_ids_disjoint_from_training_and_validation():
+    """Every unit has one id per episode; the ids are the scenarios themselves (the same seed draws the same id,
+    the evaluation core meets those scenarios), and no evaluation scenario is a training or validation one."""
+    from icml26.sarl.experiment import VALIDATION_SEED, _core, scenario_ids
+
+    cfg = dataclasses.replace(SMALL, budget=200, eval_episodes=3, eval_episodes_scales=2, seed=5)
+    out = run(cfg)
+    assert set(out.unit_ids) == set(out.units) == {"episodes", "episodes_n8"}
+    for unit, ids in out.unit_ids.items():
+        n_units = {len(v) for by_arm in out.units[unit].values() for v in by_arm.values()}
+        assert n_units == {len(ids)} and len(set(ids)) == len(ids)
+    assert set(out.held_out) == set(out.unit_ids)
+    for unit, splits in out.held_out.items():
+        assert len(splits["train"]) >= cfg.n_envs and len(splits["validation"]) == cfg.curve_episodes
+        assert not set(out.unit_ids[unit]) & (set(splits["train"]) | set(splits["validation"]))
+    assert out.overlap() == {u: {"train": 0, "validation": 0} for u in out.unit_ids}
+    # the ids name what the evaluation core flies: spawn the same seeds in an evaluation-sized core
+    seeds = [(50_000 + cfg.seed + cfg.eval_n, i) for i in range(cfg.eval_episodes)]
+    core = _core(cfg.eval_n, 0, cfg.eval_episodes, cfg.radius_nm)()
+    core.reset(np.ones(core.B, bool), seeds=seeds)
+    assert core.scenario_ids == out.unit_ids["episodes"]
+    # a validation scenario given as a test unit is caught
+    val = scenario_ids(cfg.eval_n, [(VALIDATION_SEED + cfg.eval_n, 0)], cfg.radius_nm)
+    assert val[0] in out.held_out["episodes"]["validation"]
+
+
+def test_full_records_the_learning_curve_on_its_first_seed_and_quick_full_seeds_are_disjoint():
+    from icml26.registry import get_paper
+
+    modes = get_paper("sarl").modes
+    assert PRESETS["full"].curve_seed == modes["full"].seeds[0]
+    assert not set(modes["quick"].seeds) & set(modes["full"].seeds)

@@ -41,7 +41,15 @@ detections still pair) and ``detected_reversible_incidents`` (``remediation_sr``
 incidents; its episodes differ between arms, so it is for one-arm checks only); for the family arms (and ``none``,
 the trivial baseline) ``heldout_family_incidents`` (``family_eradication_sr``) and ``heldout_family_benign``
 (``family_fp_rate``, ``family_utility``). The seed changes the distractor
-calls and the episode order, nothing else: many outcomes repeat across seeds.
+calls and the episode order, nothing else: many outcomes repeat across seeds. ``dev_rules`` and ``template_synth``
+run the held-out variants only and keep ``heldout_incidents`` alone; ``detected_reversible_incidents`` is kept for
+``air`` (the arm its check names). **Unit ids** (``SeedRun.unit_ids``): the scenario id
+(``<agent type>/<family>/v<variant>/<incident|benign>``), the same on every seed because the scenarios are, so a
+scenario is one unit however many seeds ran it. **Held out** (``SeedRun.held_out``): ``heldout_incidents`` lists
+as ``train`` the development incidents eradication learns from and as ``validation`` their benign twins (the
+validator's traces); disjoint by construction, checked by the runner. The whole-family split is cross-fitted
+(each half's episodes run with the rules of the other half only), which a single held-out list cannot express;
+its per-fold disjointness is a test.
 
 **AgentDojo** (``integrations/agentdojo.py``; banking and slack, v1.2.1, the "direct" attack text in every
 injection vector, a scripted agent that follows the injection): arms ``agentdojo_<suite>`` and the pooled
@@ -422,6 +430,39 @@ def episode_units(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> dic
     return {u: {m: v for m, v in ms.items() if v} for u, ms in out.items() if any(ms.values())}
 
 
+def episode_unit_ids(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> dict[str, list[str]]:
+    """The scenario id of every unit :func:`episode_units` lists, in the same order (``{unit: [ids]}``).
+
+    A unit is a designed scenario (``envs.Scenario.id``, e.g. ``shell/delete_project/v3/incident``): the same
+    scenarios run on every seed (the seed only adds distractor calls and shuffles the order), so the ids repeat
+    across seeds and a scenario is counted once however many seeds ran it (``common.claims``).
+    """
+    rows = sorted(rows, key=lambda r: order[r[0].id])
+    return {
+        "incidents": [s.id for s, _ in rows if not s.benign],
+        "benign_twins": [s.id for s, _ in rows if s.benign],
+        "heldout_incidents": [s.id for s, _ in rows if not s.benign and s.held_out],
+        "reversible_incidents": [s.id for s, _ in rows if not s.benign and s.reversible],
+        "detected_reversible_incidents": [s.id for s, e in rows if not s.benign and s.reversible and e.detected],
+    }
+
+
+def heldout_incident_splits(agent_types: Sequence[str], families: int) -> dict[str, list[str]]:
+    """The ids the variant split's eradication learns from (``SeedRun.held_out["heldout_incidents"]``): ``train``,
+    the development incidents (variants outside ``envs.HELD_OUT``) whose rules are synthesised, and
+    ``validation``, their benign twins, whose traces the validator accepts a rule on.
+
+    Example:
+        >>> sp = heldout_incident_splits(("shell",), 1)
+        >>> sp["train"][-1], sp["validation"][0], len(sp["train"])
+        ('shell/delete_project/v2/incident', 'shell/delete_project/v0/benign', 3)
+    """
+    from .envs import FAMILIES
+
+    dev = [s for t in agent_types for s in scenarios(t) if s.family in FAMILIES[t][:families] and not s.held_out]
+    return {"train": [s.id for s in dev if not s.benign], "validation": [s.id for s in dev if s.benign]}
+
+
 def run_agent_type(agent_type: str, arm: str, cfg: Config,
                    llm: Any = None) -> tuple[list[tuple[Any, Episode]], list[Rule]]:
     """All episodes of one arm on one agent type, in the order of the module docstring (``llm``: an LLM client
@@ -539,6 +580,27 @@ def family_units(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> dict
     return {u: {m: v for m, v in ms.items() if v} for u, ms in out.items() if any(ms.values())}
 
 
+def family_unit_ids(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> dict[str, list[str]]:
+    """The scenario id of every unit :func:`family_units` lists, in the same order (see :func:`episode_unit_ids`)."""
+    rows = sorted(rows, key=lambda r: order[r[0].id])
+    return {"heldout_family_incidents": [s.id for s, _ in rows if not s.benign],
+            "heldout_family_benign": [s.id for s, _ in rows if s.benign]}
+
+
+#: arms that run the held-out variants only: their one unit is ``heldout_incidents`` (their other per-episode
+#: outcomes cover other scenarios than the arms that run every episode, so they are kept as rates only)
+HELDOUT_ONLY_ARMS = ("dev_rules", "template_synth")
+#: ``detected_reversible_incidents`` differ between arms (each arm's own detections): kept for this arm, the one
+#: its check (``remediation``) names
+DETECTED_UNIT_ARM = "air"
+
+
+def _keeps_unit(arm: str, unit: str) -> bool:
+    if arm in HELDOUT_ONLY_ARMS:
+        return unit == "heldout_incidents"
+    return unit != "detected_reversible_incidents" or arm == DETECTED_UNIT_ARM
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: every arm on every agent type; metrics pooled over agent types (and per type for detection)."""
     bad = set(cfg.arms) - set(ARMS) or set(cfg.agent_types) - set(AGENT_TYPES)
@@ -549,7 +611,17 @@ def run(cfg: Config) -> SeedRun:
     metrics: dict[str, dict[str, float]] = {}
     per_type: dict[str, dict[str, float]] = {}
     units: dict[str, dict[str, dict[str, list[float]]]] = {}
+    unit_ids: dict[str, list[str]] = {}
     order = _scenario_order(cfg.agent_types)
+
+    def add_units(arm: str, by_unit: dict[str, dict[str, list[float]]], ids: dict[str, list[str]]) -> None:
+        for unit, ms in by_unit.items():
+            if not _keeps_unit(arm, unit):
+                continue
+            if unit_ids.setdefault(unit, ids[unit]) != ids[unit]:    # units pair by index: the same scenarios
+                raise RuntimeError(f"air: arm {arm} lists other {unit} than the arms before it")
+            units.setdefault(unit, {})[arm] = ms
+
     from .llm import client_from_config
 
     llm = client_from_config()          # ICML26_LLM_ENDPOINT/_MODEL/_TIMEOUT; None (the committed results): no LLM
@@ -564,12 +636,13 @@ def run(cfg: Config) -> SeedRun:
             m = _family_metrics(r) if fam else _metrics(r)
             per_type[f"{arm}/{t}"] = m
         metrics[arm] = _family_metrics(rows) if fam else _metrics(rows)
-        for unit, ms in (family_units(rows, order) if fam else episode_units(rows, order)).items():
-            units.setdefault(unit, {})[arm] = ms
+        if fam:
+            add_units(arm, family_units(rows, order), family_unit_ids(rows, order))
+        else:
+            add_units(arm, episode_units(rows, order), episode_unit_ids(rows, order))
         if arm == "none":               # the trivial baseline of the whole-family split: no rule, every harm happens
             metrics[arm].update(_family_metrics(rows))
-            for unit, ms in family_units(rows, order).items():
-                units.setdefault(unit, {})[arm] = ms
+            add_units(arm, family_units(rows, order), family_unit_ids(rows, order))
         for t in cfg.agent_types:
             for key in ("detection_sr", "remediation_sr", "eradication_sr", "fp_rate", "family_eradication_sr",
                         "family_fp_rate"):
@@ -583,7 +656,12 @@ def run(cfg: Config) -> SeedRun:
         key = None if llm is None else (llm.base_url, llm.model, llm.timeout)
         metrics.update(dojo_generic_metrics(tuple(cfg.dojo_suites), cfg.dojo_user_tasks, tuple(cfg.dojo_attacks),
                                             key))
-    return SeedRun(metrics, series={"per_type": per_type}, units=units)
+    # the variant split's eradication learns from the development variants (and validates on their benign twins);
+    # the whole-family split is cross-fitted (each half held out from the rules of the other half, tested in
+    # tests/air), so its held-out sets are per fold and not listed here
+    held_out = ({"heldout_incidents": heldout_incident_splits(cfg.agent_types, cfg.families)}
+                if "heldout_incidents" in unit_ids else {})
+    return SeedRun(metrics, series={"per_type": per_type}, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 @functools.lru_cache(maxsize=4)

@@ -30,6 +30,8 @@ TRACKED_PACKAGES = (
     "flwr", "ray", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
     "pydantic", "lark", "langchain", "langgraph", "mcp", "pettingzoo", "gymnasium",
     "vector-quantize-pytorch", "igraph", "leidenalg", "networkx", "pytorch-optimizer", "highspy", "cca-zoo",
+    "pyscipopt", "captum", "torchrl", "tensordict", "concept-erasure", "google-re2", "agentdojo", "bluesky-simulator",
+    "safetensors", "langchain-core", "pettingzoo",
 )
 
 
@@ -114,6 +116,9 @@ def git_state(cwd: str | os.PathLike[str] | None = None) -> tuple[str | None, li
                              timeout=10, check=True).stdout.strip()
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
+        if cwd is None and (Path(top) / "src" / "icml26").resolve() != Path(__file__).resolve().parents[1]:
+            # installed (a wheel) inside someone else's repository: that commit is not icml26's source
+            return None, None
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS],
                                 cwd=top, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
@@ -187,8 +192,20 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
     return out
 
 
+def source_digest(package_dir: str | os.PathLike[str] | None = None) -> str:
+    """sha256 over the installed icml26 package's code and cards (relative path and content of every ``.py``,
+    ``.toml`` and data file, sorted): which icml26 made a number, installed from git or from a wheel."""
+    pkg = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.suffix not in (".pyc", ".md", ".png")):
+        digest.update(path.relative_to(pkg).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def environment() -> dict[str, Any]:
-    """Metadata stored with every result: Python, package versions, git sha, CPU, threads."""
+    """Metadata stored with every result: Python, package versions, icml26's source digest, git sha (of the
+    icml26 checkout only), CPU, threads."""
     sha, dirty_files = git_state()
     threads: int | None = None
     if "torch" in sys.modules:
@@ -203,6 +220,7 @@ def environment() -> dict[str, Any]:
         "numpy": versions.get("numpy"),
         "torch": versions.get("torch"),
         "packages": versions,
+        "icml26_source_digest": source_digest(),
         "git_sha": sha,
         "git_dirty": None if dirty_files is None else bool(dirty_files),
         "git_dirty_files": dirty_files,

@@ -66,6 +66,7 @@ from ..common.tiny_vlm import (
     cache_dir,
     encode,
     instruction_sampler,
+    item_for,
     lab_vlm,
     make_items,
     mmvp_pairs,
@@ -129,9 +130,9 @@ class Config:
 PRESETS: dict[str, Config] = {
     "smoke": Config(stage1_steps=60, steps=20, n_val=64, n_test=96, n_pairs=32, lr_grid=(3e-3,), paper_scale=False,
                     depths=(2,), depth_arms=("none", "moda")),
-    # quick is full's first two seeds for the headline arms, without the depth sweep: the same world, checkpoint
-    # and learning-rate choice. Two seeds, not one: a one-layer LM's training run varies by more than the claims'
-    # effects, and only several seeds let the checks see it (see README, Deviations)
+    # quick runs the headline arms on two seeds disjoint from full's (0, 1 against 100-104), without the depth
+    # sweep: the same world, checkpoint and learning-rate choice. Two seeds, not one: a one-layer LM's training
+    # run varies by more than the claims' effects, and only several seeds let the checks see it (see README)
     "quick": Config(arms=("none", "selfgate", "moda")),
     "full": Config(n_test=2000, n_pairs=600, depths=(2,)),
 }
@@ -169,8 +170,25 @@ def make_arm(arm: str, cfg: Config, seed: int) -> torch.nn.Module | None:
         return FiLM(cfg.hidden, target_params=size)
 
 
-def train_arm(arm: str, cfg: Config, lr: float, seed: int, layers: int | None = None) -> tuple[Any, Any, Any]:
-    """``(model, tokenizer, adapter)``: the lab checkpoint with ``arm`` attached, after stage 2 at ``lr``."""
+def _recording_sampler(tok: Any, scenes: SceneSpec, batch_size: int, record: set[str] | None) -> Any:
+    """``instruction_sampler(tok, scenes, "attribute", batch_size)`` (the same draws in the same order), adding
+    the id of every training question to ``record`` when given."""
+    if record is None:
+        return instruction_sampler(tok, scenes, "attribute", batch_size)
+
+    def sample(rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        attrs = sample_scenes(scenes, rng, batch_size)
+        items = make_items(scenes, attrs, rng, "attribute")
+        record.update(item_ids(attrs, items))
+        return encode(tok, items, scenes, attrs, rng)
+
+    return sample
+
+
+def train_arm(arm: str, cfg: Config, lr: float, seed: int, layers: int | None = None,
+              record: set[str] | None = None) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, adapter)``: the lab checkpoint with ``arm`` attached, after stage 2 at ``lr``
+    (``record``: a set that receives the ids of the stage-2 training questions, ``item_id``)."""
     from .hf import attach_moda
 
     model, tok = lab_vlm(recipe(cfg, layers), desc=None)
@@ -178,7 +196,7 @@ def train_arm(arm: str, cfg: Config, lr: float, seed: int, layers: int | None = 
     if adapter is not None:
         attach_moda(model, adapter)
     scenes = SceneSpec(grid=cfg.grid)
-    train_vlm(model, instruction_sampler(tok, scenes, "attribute", cfg.batch_size), steps=cfg.steps,
+    train_vlm(model, _recording_sampler(tok, scenes, cfg.batch_size, record), steps=cfg.steps,
               trainable="projector+lm", extra_params=() if adapter is None else adapter.parameters(), lr=lr,
               seed=seed, desc=None)
     return model, tok, adapter
@@ -214,6 +232,70 @@ def build_test_set(cfg: Config, seed: int, n: int, n_pairs: int) -> EvalSet:
     return EvalSet(attrs, items, pair_attrs, pair_items)
 
 
+def validation_set(cfg: Config) -> EvalSet:
+    """The learning-rate choice's validation questions (lab seed; ``n_val`` of them, their single pair unused)."""
+    return build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val, 1)
+
+
+# ------------------------------------------------------------------------------------------------------ unit ids
+def item_id(scene: np.ndarray, prompt: str) -> str:
+    """What a question is: a hash of its scene's attributes and its prompt (the same question about the same scene
+    has the same id whatever the rendering noise; a different scene or question, a different id)."""
+    body = np.ascontiguousarray(scene, dtype=np.int64).tobytes() + prompt.encode()
+    return hashlib.sha1(body).hexdigest()[:12]
+
+
+def item_ids(attrs: np.ndarray, items: list) -> list[str]:
+    """``item_id`` of each question, ``items[i]`` about scene ``attrs[i]``."""
+    return [item_id(a, it.prompt) for a, it in zip(attrs, items, strict=True)]
+
+
+def pair_ids(pair_attrs: np.ndarray, pair_items: list) -> list[str]:
+    """What an MMVP pair is: a hash of its two scenes and the shared prompt."""
+    out = []
+    for k in range(len(pair_items) // 2):
+        body = np.ascontiguousarray(pair_attrs[2 * k:2 * k + 2], dtype=np.int64).tobytes()
+        out.append(hashlib.sha1(body + pair_items[2 * k].prompt.encode()).hexdigest()[:12])
+    return out
+
+
+def _probe_training_scenes(cfg: Config, seed: int, n_train: int) -> tuple[np.ndarray, np.random.Generator]:
+    """The probe's training scenes and the generator it goes on with (``probe_outcomes``)."""
+    scenes = SceneSpec(grid=cfg.grid)
+    rng = np.random.default_rng([seed, 91])
+    return sample_scenes(scenes, rng, max(1, n_train // scenes.n_patches)), rng
+
+
+def probe_training_ids(cfg: Config, seed: int, n_train: int = 2000) -> set[str]:
+    """Ids of every attribute question about the probe's training scenes (the probe reads all their patches)."""
+    scenes = SceneSpec(grid=cfg.grid)
+    train, _ = _probe_training_scenes(cfg, seed, n_train)
+    return {item_id(scene, item_for(scenes, scene, "attribute", p, s, a).prompt)
+            for scene in train for p in range(scenes.n_patches) for s in range(2) for a in range(2)}
+
+
+def unit_ids_of(data: EvalSet) -> dict[str, list[str]]:
+    """``SeedRun.unit_ids`` of a test set: ``items`` and its ``entangled`` subset by ``item_id``, ``pairs`` by
+    ``pair_ids`` (every seed draws fresh scenes, so the ids differ between seeds)."""
+    ids = item_ids(data.attrs, data.items)
+    ent = [i for i, it in zip(ids, data.items, strict=True) if it.entangled]
+    return {"items": ids, "entangled": ent, "pairs": pair_ids(data.pair_attrs, data.pair_items)}
+
+
+def held_out_of(data: EvalSet, train: set[str], validation: set[str]) -> dict[str, dict[str, list[str]]]:
+    """``SeedRun.held_out``: the questions the seed's models (stage 2, the probe) trained on and the learning-rate
+    choice's validation questions; a pair counts as trained on (validated on) when one of its scenes' questions
+    was."""
+    def pairs_in(ids: set[str]) -> list[str]:
+        members = item_ids(data.pair_attrs, data.pair_items)
+        return [pid for k, pid in enumerate(pair_ids(data.pair_attrs, data.pair_items))
+                if members[2 * k] in ids or members[2 * k + 1] in ids]
+
+    items = {"train": sorted(train), "validation": sorted(validation)}
+    return {"items": items, "entangled": items,
+            "pairs": {"train": pairs_in(train), "validation": pairs_in(validation)}}
+
+
 def evaluate(model: Any, tok: Any, cfg: Config, data: EvalSet, seed: int) -> dict[str, np.ndarray]:
     """``accuracy`` per item, ``entangled`` per entangled item, ``pair_accuracy`` per MMVP pair."""
     scenes = SceneSpec(grid=cfg.grid)
@@ -245,7 +327,7 @@ def validation_accuracy(cfg: Config, arm: str, lr: float) -> float:
     seed = 20_000 + cfg.lab_seed
     try:
         model, tok, _ = train_arm(arm, cfg, lr, seed)
-        val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val, 1)
+        val = validation_set(cfg)
         acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items, seed).mean())
     except FloatingPointError:  # diverged at this rate: it cannot be chosen
         acc = 0.0
@@ -292,8 +374,7 @@ def probe_outcomes(model: Any, cfg: Config, data: EvalSet, seed: int, n_train: i
         h = tower(x, output_hidden_states=True).hidden_states[-1].double().numpy()
         return np.concatenate([h, np.ones((*h.shape[:2], 1))], axis=-1)
 
-    rng = np.random.default_rng([seed, 91])
-    train = sample_scenes(scenes, rng, max(1, n_train // scenes.n_patches))
+    train, rng = _probe_training_scenes(cfg, seed, n_train)
     xtr = tokens(train, rng)
     xtr = xtr.reshape(-1, xtr.shape[-1])
     ytr = train.reshape(-1, 4)
@@ -340,9 +421,10 @@ def run(cfg: Config) -> SeedRun:
     metrics: dict[str, dict[str, float]] = {}
     base_flops = None
     gates: dict[str, float] = {}
+    trained: set[str] = set()  # every arm trains on the same stream (seed); recorded for each all the same
     order = ["none", *(a for a in cfg.arms if a != "none")]  # the FLOP overheads are relative to "none"
     for arm in progress(order, desc=f"moda seed {cfg.seed}"):
-        model, tok, adapter = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed)
+        model, tok, adapter = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, record=trained)
         out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
         if isinstance(adapter, MoDAAdapter) and adapter.last_mask is not None:
             gates[arm] = float(adapter.last_mask.mean())  # on the last evaluation batch
@@ -361,12 +443,16 @@ def run(cfg: Config) -> SeedRun:
         metrics[arm]["mean_gate"] = g
     for layers in cfg.depths:
         for arm in cfg.depth_arms:
-            model, tok, _ = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, layers=layers)
+            model, tok, _ = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, layers=layers, record=trained)
             out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
             units["items"][f"{arm}_l{layers}"] = {"accuracy": out["accuracy"].tolist()}
     if cfg.paper_scale:
         metrics["paper_scale"] = dict(_paper_scale())
-    return SeedRun(metrics, units=units, series={"depths": (cfg.layers, *cfg.depths)})
+    trained |= probe_training_ids(cfg, cfg.seed)
+    validation = validation_set(cfg)
+    held = held_out_of(data, trained, set(item_ids(validation.attrs, validation.items)))
+    return SeedRun(metrics, units=units, series={"depths": (cfg.layers, *cfg.depths)}, unit_ids=unit_ids_of(data),
+                   held_out=held)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import hashlib
+
 import numpy as np
 
 N_ACTIONS = 8
@@ -116,6 +118,10 @@ class AirspaceCore:
         self.pair_los = np.zeros((self.B, self.N, self.N), bool)
         self.t = np.zeros(self.B, int)
         self.finished: list[dict[str, float]] = []
+        #: what the scenario now in env b is (``scenario_id``), set when it spawns
+        self.scenario_ids: list[str] = [""] * self.B
+        #: where set to a list, every scenario spawned from then on appends its id (the training scenarios' ids)
+        self.spawn_log: list[str] | None = None
         self.reset(np.ones(self.B, bool))
 
     # ------------------------------------------------------------------------------------------- scenarios
@@ -195,6 +201,21 @@ class AirspaceCore:
         self.los_events[b] = 0.0
         self.pair_los[b] = False
         self.t[b] = 0
+        self.scenario_ids[b] = self.scenario_id(b)
+        if self.spawn_log is not None:
+            self.spawn_log.append(self.scenario_ids[b])
+
+    def scenario_id(self, b: int) -> str:
+        """What the scenario just spawned in env ``b`` is: the family, the aircraft count and a hash of the sector
+        radius and every aircraft's start position, heading, speed and exit fix (rounded to 1e-9). Two scenarios
+        have the same id exactly when they are the same traffic problem, whichever generator seed drew them, so
+        ids compare evaluation, validation and training scenarios (``SeedRun.unit_ids`` / ``held_out``)."""
+        pres = self.present[b]
+        parts = [np.round(a[b][pres], 9) for a in (self.x, self.y, self.hdg, self.spd, self.exit_x, self.exit_y)]
+        h = hashlib.sha1(np.asarray([self.R], float).tobytes())
+        for a in parts:
+            h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+        return f"{self.scenario}-N{int(pres.sum())}-{h.hexdigest()[:16]}"
 
     def reset(self, mask: np.ndarray, seeds: Sequence[Any] | None = None) -> None:
         """Start new scenarios in the envs where ``mask`` is True.

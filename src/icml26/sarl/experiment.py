@@ -21,8 +21,12 @@ else maintain, with the shield: the trivial shielded controller).
 per seed (NaN-aware means over arrived aircraft): ``extra_path``, ``delay_s``.
 
 **Units**: evaluation episode i of a seed is the scenario drawn from ``(50000 + seed + N, i)`` for every arm, so
-episodes pair by index across arms; the checks pool them over seeds (units ``episodes`` at N = 20,
-``episodes_n10`` ...).
+episodes pair by index across arms (units ``episodes`` at N = 20, ``episodes_n10`` ...); the checks take each seed
+(a training run) as a cluster of its episodes. A unit's id is the scenario itself (``AirspaceCore.scenario_id``:
+a hash of the traffic problem, whichever seed drew it), so the same scenario is one unit wherever it recurs, and
+``held_out`` lists, in the same ids, the scenarios the run trained on (the training stream, recorded as they spawn)
+and the validation scenarios ``(VALIDATION_SEED + N, i)`` that chose the training budget (the learning curves):
+an evaluation scenario among them makes the reproduction refuse the result.
 
 Example:
     >>> import dataclasses
@@ -77,7 +81,10 @@ class Config:
     radius_nm: float = 40.0
     """sector radius"""
     curve_points: int = 0
-    """validation evaluations per learned arm during training (seed 0 only; 0 = none): the learning curve"""
+    """validation evaluations per learned arm during training (on ``curve_seed`` only; 0 = none): the learning
+    curve"""
+    curve_seed: int = 0
+    """the seed that records the learning curve: the mode's first seed (the plot draws the first seed's curve)"""
     curve_episodes: int = 8
     """validation scenarios per learning-curve point (drawn apart from the evaluation scenarios)"""
 
@@ -97,8 +104,10 @@ PRESETS: dict[str, Config] = {
     "quick": Config(budget=5_000, rollout=16, eval_episodes=16, eval_episodes_scales=4),
     # budget from the learning curves (README, "Training budget"): every learned arm's validation success stops
     # rising by about 15k agent-samples in a pilot run; 24k per arm with 16-decision rollouts (as quick) fits the
-    # full preset's time limit
-    "full": Config(budget=24_000, rollout=16, eval_episodes=32, eval_episodes_scales=12, curve_points=6),
+    # full preset's time limit. The curve is recorded on full's first seed (the card's [modes.full] seeds[0]).
+    "full": Config(
+        budget=24_000, rollout=16, eval_episodes=32, eval_episodes_scales=12, curve_points=6, curve_seed=100
+    ),
 }
 
 #: validation scenarios for the learning curves: seeds (VALIDATION_SEED + N, i), disjoint from the evaluation
@@ -144,13 +153,37 @@ def episode_metrics(
     return metrics, units
 
 
+def scenario_ids(n: int, episode_seeds: list[Any], radius_nm: float) -> list[str]:
+    """The ids (``AirspaceCore.scenario_id``) of the scenarios that ``evaluate_episodes`` draws from
+    ``episode_seeds`` with N = ``n`` aircraft: the same core settings as the evaluation's, one scenario at a time."""
+    core = _core(n, 0, 1, radius_nm)()
+    out = []
+    for s in episode_seeds:
+        core.reset(np.ones(1, bool), seeds=[s])
+        out.append(core.scenario_ids[0])
+    return out
+
+
+def recording(make_core: Callable[[], AirspaceCore], log: list[str]) -> Callable[[], AirspaceCore]:
+    """``make_core`` whose cores append the id of every scenario they spawn to ``log`` (the training scenarios)."""
+
+    def make() -> AirspaceCore:
+        core = make_core()
+        log.extend(core.scenario_ids)  # the scenarios spawned on construction
+        core.spawn_log = log
+        return core
+
+    return make
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: train the learned methods on equal budgets, evaluate everything at every scale."""
     if cfg.budget < 1 or not cfg.train_sizes:
         raise ValueError("budget must be >= 1 and train_sizes non-empty")
     torch.manual_seed(cfg.seed)
     ppo = PPOConfig(n_envs=cfg.n_envs, rollout=cfg.rollout, lr=cfg.lr)
-    train_core = _core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm)
+    trained_on: list[str] = []
+    train_core = recording(_core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm), trained_on)
     methods: dict[str, tuple[Any, str, bool]] = {
         "sarl": (SARLPolicy(), "graph", True),
         "sarl_no_moe": (SARLPolicy(moe=False), "graph", True),
@@ -161,7 +194,7 @@ def run(cfg: Config) -> SeedRun:
     val_curves: dict[str, list[tuple[float, float]]] = {}
     val_core = _core(cfg.eval_n, VALIDATION_SEED, min(cfg.curve_episodes, 16), cfg.radius_nm)
     val_seeds = [(VALIDATION_SEED + cfg.eval_n, i) for i in range(cfg.curve_episodes)]
-    with_curve = cfg.curve_points > 0 and cfg.seed == 0
+    with_curve = cfg.curve_points > 0 and cfg.seed == cfg.curve_seed
 
     def validation_success(act: Callable[[AirspaceCore], np.ndarray], shielded: bool) -> float:
         eps = evaluate_episodes(act, val_core, episode_seeds=val_seeds, shield_eval=shielded)
@@ -222,6 +255,15 @@ def run(cfg: Config) -> SeedRun:
     scales = [(cfg.eval_n, cfg.eval_episodes, "")] + [
         (n, cfg.eval_episodes_scales, f"_n{n}") for n in cfg.scales
     ]
+    # what each evaluation episode is, and what the run trained and tuned on, in the same ids: the training
+    # stream's scenarios (every arm's) and the validation scenarios that chose the budget (whether or not this
+    # seed records the curve)
+    unit_ids = {
+        "episodes" + suffix: scenario_ids(n, [(eval_seed + n, i) for i in range(episodes)], cfg.radius_nm)
+        for n, episodes, suffix in scales
+    }
+    validation = scenario_ids(cfg.eval_n, val_seeds, cfg.radius_nm)
+    held_out = {u: {"train": sorted(set(trained_on)), "validation": validation} for u in unit_ids}
     for name, (act, shield_eval) in arms.items():
         metrics[name] = {}
         for n, episodes, suffix in scales:
@@ -237,7 +279,7 @@ def run(cfg: Config) -> SeedRun:
             metrics[name].update(m)
             units.setdefault("episodes" + suffix, {})[name] = u
     series = {"curves": curves, "val_curves": val_curves, "scales": [n for n, _, _ in scales]}
-    return SeedRun(metrics, series=series, units=units)
+    return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
