@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             slug, mode = jobs.pop(0)
             log = open(base / f"{slug}-{mode}.log", "w")  # noqa: SIM115 - closed with the process
             proc = subprocess.Popen([sys.executable, "-m", "icml26", "reproduce", slug, "--mode", mode, "--out",
-                                     str(tree / "results")], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                     str(tree / "results"), "--force"], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
             running.append((slug, mode, proc, time.time()))
             print(f"started {slug} {mode} at {sha[:10]}", flush=True)
         time.sleep(2)

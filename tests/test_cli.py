@@ -211,3 +211,17 @@ def test_reproduce_bad_llm_options_exit_2(extra, message, capsys, monkeypatch, t
     _demo_cli(monkeypatch, tmp_path, None)
     assert main(["reproduce", "demo", "--out", str(tmp_path / "r"), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_reproduce_refuses_to_replace_a_result_of_other_seeds(tmp_path, capsys):
+    import json
+
+    from icml26.cli import main
+
+    target = tmp_path / "inverse_optimization"
+    target.mkdir()
+    (target / "smoke.json").write_text(json.dumps({"seeds": [7, 8]}))
+    assert main(["reproduce", "inverse_optimization", "--mode", "smoke", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a result of seeds [7, 8]" in err and "--force" in err
+    assert json.loads((target / "smoke.json").read_text()) == {"seeds": [7, 8]}  # untouched

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 import time
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "paper); see below")
     p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
     p_rep.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
+    p_rep.add_argument("--force", action="store_true",
+                       help="overwrite an existing OUT/<slug>/<mode>.json even when it ran other seeds")
     _add_llm_options(p_rep, "AIR's semantic(...) checks and LLM rule synthesis; other papers ignore it. ")
 
     p_report = sub.add_parser("report", help="regenerate the README tables from results/")
@@ -158,6 +161,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"    check: {c.check.text}   [{c.kind}; modes: {', '.join(c.modes)}]")
         if c.min_effect_why:
             print(f"    why this threshold: {c.min_effect_why}")
+    print(f"\ntorch: {_torch_build()}")
     print("\nmodes:")
     for m in p.modes.values():
         print(f"  {m.name}: seeds {list(m.seeds)}, budget {m.budget_s:.0f} s")
@@ -166,6 +170,40 @@ def _cmd_info(args: argparse.Namespace) -> int:
     else:
         print(f"\n{p.slug} is not implemented yet.")
     return 0
+
+
+def _seed_clash(paper: Paper, mode: str, seeds: Sequence[int] | None, out: Path) -> str | None:
+    """Why writing ``out/<slug>/<mode>.json`` would replace a result of other seeds (``None`` if it would not)."""
+    import json
+
+    path = out / paper.slug / f"{mode}.json"
+    if not path.is_file():
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("seeds")
+    except (OSError, ValueError, AttributeError):
+        return None
+    new = list(paper.modes[mode].seeds if seeds is None else seeds)
+    if old is None or list(old) == new:
+        return None
+    return f"{path} holds a result of seeds {old}; this run would replace it with seeds {new}"
+
+
+def _torch_build() -> str:
+    """Which torch is installed (read from its metadata and version module; nothing imports CUDA)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (the papers that need it name the extra to install)"
+    spec = importlib.util.find_spec("torch.version")
+    cuda = None
+    if spec is not None and spec.origin:
+        m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", Path(spec.origin).read_text(), re.M)
+        cuda = m.group(1) if m else None
+    return f"{version}, " + (f"a CUDA {cuda} build" if cuda else "the CPU build")
 
 
 def _clip(text: str, width: int) -> str:
@@ -226,6 +264,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_OS
+    clashes = [c for p in papers if (c := _seed_clash(p, args.mode, args.seeds, args.out)) and not args.force]
+    if clashes:
+        print("error: " + "; ".join(clashes) + ". Give another --out (e.g. a scratch directory) or --force.",
+              file=sys.stderr)
+        return EXIT_USAGE
     rows: list[tuple[str, str, str, str]] = []
     failed = False
     for p in papers:
