@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 export OMP_NUM_THREADS ?= 1
 export FLWR_DISABLE_UPDATE_CHECK := 1
 
-.PHONY: install test reproduce report lint bench system-deps clean help
+.PHONY: install test reproduce report lint bench system-deps torch clean help
 
 help:
 	@echo "make reproduce   every implemented paper's quick reproduction, one table (writes results/, README tables)"
@@ -23,12 +23,26 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --upgrade "pip>=25.1"
 
+# PyTorch's CPU wheels: a plain `pip install torch` takes the CUDA build (several GB) on Linux x86-64.
+TORCH_VERSION   ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 # Re-install only when pyproject.toml changed (the stamp is older than it).
 $(STAMP): pyproject.toml | $(PY)
 	@$(MAKE) --no-print-directory system-deps
-	$(PIP) install -qq torch==2.13.0
+	@$(MAKE) --no-print-directory torch
 	$(PIP) install -qq -e ".[all]" --group dev
 	@touch $(STAMP)
+
+# The CPU build: a "+cpu" wheel pip already has locally (its find-links), else PyTorch's CPU index when it
+# answers, else a plain install with a warning that it may be a CUDA build. `icml26 info SLUG` says which.
+torch: | $(PY)
+	@probe=$(VENV)/.torch-probe; rm -rf $$probe; \
+	if $(PIP) download -qq --no-deps --no-index -d $$probe torch==$(TORCH_VERSION) 2>/dev/null \
+	   && ls $$probe | grep -q '+cpu'; then $(PIP) install -qq torch==$(TORCH_VERSION); \
+	elif $(PIP) install -qq --timeout 10 --retries 0 --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION) 2>/dev/null; then :; \
+	else echo "warning: PyTorch's CPU index did not answer; installing torch==$(TORCH_VERSION) from the default index, which may be a CUDA build (set TORCH_CPU_INDEX to a reachable mirror)"; \
+	     $(PIP) install -qq torch==$(TORCH_VERSION); fi; rm -rf $$probe
 
 install: $(STAMP)
 

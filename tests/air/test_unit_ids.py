@@ -23,14 +23,14 @@ from icml26.common.results import aggregate_ids
 
 @pytest.fixture(scope="module")
 def two_seeds():
-    cfg = dataclasses.replace(PRESETS["smoke"], agent_types=("shell", "email"), arms=ARMS)
+    cfg = dataclasses.replace(PRESETS["smoke"], agent_types=("email",), arms=ARMS)
     return run(cfg), run(dataclasses.replace(cfg, seed=1))
 
 
 def test_every_unit_has_scenario_ids_the_same_on_every_seed(two_seeds):
     a, b = two_seeds
     assert set(a.unit_ids) == set(a.units)
-    known = {s.id: s for t in ("shell", "email") for s in scenarios(t)}
+    known = {s.id: s for s in scenarios("email")}
     for unit, ids in a.unit_ids.items():
         assert len(set(ids)) == len(ids), unit                  # one episode per scenario within a seed
         assert set(ids) <= set(known), unit
@@ -47,7 +47,7 @@ def test_every_unit_has_scenario_ids_the_same_on_every_seed(two_seeds):
 def test_heldout_incidents_are_disjoint_from_the_eradication_and_validation_scenarios(two_seeds):
     a, _ = two_seeds
     splits = a.held_out["heldout_incidents"]
-    assert splits == heldout_incident_splits(("shell", "email"), PRESETS["smoke"].families)
+    assert splits == heldout_incident_splits(("email",), PRESETS["smoke"].families)
     assert splits["train"] and splits["validation"]
     test = set(a.unit_ids["heldout_incidents"])
     assert test.isdisjoint(splits["train"]) and test.isdisjoint(splits["validation"])

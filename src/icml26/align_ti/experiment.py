@@ -132,9 +132,11 @@ PRESETS: dict[str, Config] = {
         n_val=16,
         n_test=24,
     ),
-    # quick is full's first seed for the headline arms: the same world, teacher, student and learning-rate choice
+    # quick runs the headline arms on a seed disjoint from full's: the same world, teacher, student and
+    # learning-rate choice. full: four seeds of 2400 test questions each (verdicts v3: the seed is the cluster;
+    # 3 x 600 left 2 points below power 0.8, see README)
     "quick": Config(arms=("vanilla_kd", "align_ti", "vanilla_kd_cm")),
-    "full": Config(),
+    "full": Config(n_test=2400),
 }
 
 
@@ -171,8 +173,8 @@ def teacher_and_student(cfg: Config) -> tuple[Any, Any, Any]:
     return teacher, student, tok
 
 
-def calibration_pairs(cfg: Config, tok: Any) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-    """IRS calibration: each scene asked about two different patches ("describe patch p" / "... q")."""
+def _calibration(cfg: Config) -> tuple[np.ndarray, list, list, np.ndarray]:
+    """``(scenes, questions a, questions b, images)`` of the IRS calibration pairs."""
     scenes = SceneSpec(grid=cfg.grid)
     rng = np.random.default_rng([cfg.lab_seed, 55])
     attrs = sample_scenes(scenes, rng, cfg.n_irs_pairs)
@@ -181,6 +183,13 @@ def calibration_pairs(cfg: Config, tok: Any) -> list[tuple[dict[str, torch.Tenso
     images = render(scenes, attrs, rng)
     a = [item_for(scenes, attrs[i], "patch", patch=int(p[i])) for i in range(len(attrs))]
     b = [item_for(scenes, attrs[i], "patch", patch=int(q[i])) for i in range(len(attrs))]
+    return attrs, a, b, images
+
+
+def calibration_pairs(cfg: Config, tok: Any) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """IRS calibration: each scene asked about two different patches ("describe patch p" / "... q")."""
+    scenes = SceneSpec(grid=cfg.grid)
+    _, a, b, images = _calibration(cfg)
     return [(encode(tok, a, scenes, None, images=images), encode(tok, b, scenes, None, images=images))]
 
 
@@ -294,9 +303,11 @@ def step_flops(arm: str, cfg: Config, teacher: Any, student: Any, tok: Any, laye
 
 
 def train_arm(
-    arm: str, cfg: Config, lr: float, seed: int, parts: tuple[Any, Any, Any, int]
+    arm: str, cfg: Config, lr: float, seed: int, parts: tuple[Any, Any, Any, int],
+    record: set[str] | None = None,
 ) -> tuple[Any, float]:
-    """``(student, seconds)``: a copy of the stage-1 student after ``arm``'s stage 2 at ``lr``."""
+    """``(student, seconds)``: a copy of the stage-1 student after ``arm``'s stage 2 at ``lr`` (``record``: a set
+    that receives the ids of the distillation questions, ``item_id``)."""
     import copy
 
     teacher, student0, tok, layer = parts
@@ -307,7 +318,7 @@ def train_arm(
     t0 = time.perf_counter()
     train_vlm(
         student,
-        instruction_sampler(tok, SceneSpec(grid=cfg.grid), cfg.families, cfg.batch_size),
+        recording_sampler(tok, SceneSpec(grid=cfg.grid), cfg.families, cfg.batch_size, record),
         steps=steps,
         trainable="projector+lm",
         lr=lr,
@@ -335,6 +346,91 @@ def compute_ratio(cfg: Config, parts: tuple[Any, Any, Any, int]) -> float:
             "vanilla_kd", cfg, teacher, student, tok, layer
         )
     return _RATIO[key]
+
+
+# ---------------------------------------------------------------------------------------------------- unit ids
+def item_id(scene: np.ndarray, prompt: str) -> str:
+    """What a question is: a hash of its scene's attributes and its prompt (the same question about the same scene
+    has the same id whatever the rendering noise; a different scene or question, a different id)."""
+    body = np.ascontiguousarray(scene, dtype=np.int64).tobytes() + prompt.encode()
+    return hashlib.sha1(body).hexdigest()[:12]
+
+
+def item_ids(attrs: np.ndarray, items: list) -> list[str]:
+    """``item_id`` of each question, ``items[i]`` about scene ``attrs[i]``."""
+    return [item_id(a, it.prompt) for a, it in zip(attrs, items, strict=True)]
+
+
+def recording_sampler(
+    tok: Any, scenes: SceneSpec, families: str | tuple[str, ...], batch_size: int, record: set[str] | None
+) -> Any:
+    """``instruction_sampler(tok, scenes, families, batch_size)`` (the same draws in the same order), adding the
+    id of every question it serves to ``record`` when given."""
+    if record is None:
+        return instruction_sampler(tok, scenes, families, batch_size)
+
+    def sample(rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        attrs = sample_scenes(scenes, rng, batch_size)
+        items = make_items(scenes, attrs, rng, families)
+        record.update(item_ids(attrs, items))
+        return encode(tok, items, scenes, attrs, rng)
+
+    return sample
+
+
+def stream_ids(scenes: SceneSpec, families: str | tuple[str, ...], batch_size: int, seed: int, steps: int
+               ) -> set[str]:
+    """Ids of the questions ``train_vlm(..., steps=steps, seed=seed)`` reads from ``instruction_sampler``: its
+    draws replayed without tokenising (scenes, questions, then the rendering ``encode`` does with the same
+    generator; tested against ``recording_sampler``)."""
+    record: set[str] = set()
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        attrs = sample_scenes(scenes, rng, batch_size)
+        items = make_items(scenes, attrs, rng, families)
+        record.update(item_ids(attrs, items))
+        render(scenes, attrs, rng)
+    return record
+
+
+_LAB_IDS: dict[str, frozenset[str]] = {}
+
+
+def lab_training_ids(cfg: Config) -> frozenset[str]:
+    """The questions the lab trained the teacher and the student on (memoised per configuration): stage 1 of
+    both (``describe patch p`` captions, one of the test families) and the teacher's stage 2 (the test families).
+    The seeds are ``lab_vlm``'s: ``recipe.seed + 1`` for stage 1, ``+ 2`` for stage 2."""
+    recipes = (teacher_recipe(cfg), student_recipe(cfg))
+    key = json.dumps([r.key() for r in recipes], sort_keys=True, default=str)
+    if key not in _LAB_IDS:
+        ids: set[str] = set()
+        streams = {(r.scenes, r.stage1_families, r.batch_size, r.seed + 1, r.stage1_steps) for r in recipes}
+        streams |= {(r.scenes, r.stage2_families, r.batch_size, r.seed + 2, r.stage2_steps) for r in recipes
+                    if r.stage2_steps}
+        for stream in streams:
+            ids |= stream_ids(*stream)
+        _LAB_IDS[key] = frozenset(ids)
+    return _LAB_IDS[key]
+
+
+def validation_ids(cfg: Config) -> set[str]:
+    """The questions the learning-rate choice validated on and IVA's layer choice calibrated on."""
+    val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
+    attrs, a, b, _ = _calibration(cfg)
+    return {*item_ids(val.attrs, val.items), *item_ids(attrs, a), *item_ids(attrs, b)}
+
+
+def unit_ids_of(data: EvalSet) -> dict[str, list[str]]:
+    """``SeedRun.unit_ids`` of a test set: ``items`` by ``item_id`` and its ``long`` subset (each seed draws fresh
+    scenes, so the ids differ between seeds)."""
+    ids = item_ids(data.attrs, data.items)
+    return {"items": ids, "long": [i for i, it in zip(ids, data.items, strict=True) if it.family == "patch"]}
+
+
+def held_out_of(train: set[str] | frozenset[str], validation: set[str]) -> dict[str, dict[str, list[str]]]:
+    """``SeedRun.held_out`` of both units (the same questions)."""
+    splits = {"train": sorted(train), "validation": sorted(validation)}
+    return {"items": splits, "long": splits}
 
 
 # -------------------------------------------------------------------------------------------------- evaluation
@@ -464,6 +560,7 @@ def run(cfg: Config) -> SeedRun:
     long = np.array([it.family == "patch" for it in data.items])
     units: dict[str, dict[str, dict[str, list[float]]]] = {"items": {}, "long": {}}
     metrics: dict[str, dict[str, float]] = {}
+    trained: set[str] = set(lab_training_ids(cfg))  # the teacher's and the student's lab stages
 
     def record(name: str, out: dict[str, np.ndarray]) -> None:
         units["items"][name] = {k: out[k].tolist() for k in ("exact_match", "token_accuracy", "agreement")}
@@ -473,7 +570,7 @@ def run(cfg: Config) -> SeedRun:
     record("student_init", evaluate(student0, t_logits, tok, cfg, data, eval_seed))
     ratio = compute_ratio(cfg, parts) if {"vanilla_kd_cm", "align_ti"} & set(cfg.arms) else float("nan")
     for arm in progress(cfg.arms, desc=f"align_ti seed {cfg.seed}"):
-        model, seconds = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, parts)
+        model, seconds = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, parts, record=trained)
         record(arm, evaluate(model, t_logits, tok, cfg, data, eval_seed))
         metrics[arm] = {
             "lr": choice[arm]["lr"],
@@ -489,7 +586,8 @@ def run(cfg: Config) -> SeedRun:
         "flop_ratio_align_ti_vs_kd": ratio,
         **{f"irs_layer{i}": v for i, v in enumerate(irs)},
     }
-    return SeedRun(metrics, units=units)
+    return SeedRun(metrics, units=units, unit_ids=unit_ids_of(data),
+                   held_out=held_out_of(trained, validation_ids(cfg)))
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

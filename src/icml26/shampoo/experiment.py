@@ -11,11 +11,16 @@ Two parts, on the same seeds:
    slope of log average against log K with the theorem's -1/4. The constant c is tuned per arm on a separate
    validation problem by the objective f(X_K), never on an evaluated seed and never by the gradient norms.
 2. **Practice.** Digits MLP, digits CNN and a tiny transformer on sequence reversal: AdamW, SGD with momentum,
-   two-sided and one-sided (left) Shampoo with Adam grafting, each over its learning-rate grid, from the same
-   initialisation and the same mini-batches. Steps until the full-data training loss falls below the target
-   (checked every ``eval_every`` steps; a run that never gets there counts as ``max_steps + eval_every``), the
-   best over the grid per arm, and the final loss. On the MLP the full-data gradient of every weight matrix
-   is recorded along training: its nuclear-to-Frobenius ratio, placed within the theory's range
+   two-sided and one-sided (left) Shampoo with Adam grafting, from the same initialisation and the same
+   mini-batches. Steps until the full-data training loss falls below the target (checked every ``eval_every``
+   steps; a run that never gets there counts as ``max_steps + eval_every``), and the final loss. Each arm's
+   learning rate is chosen per task on the validation seeds ``lr_validation_seeds`` (their own data split,
+   initialisation and mini-batches; never an evaluated seed) by the mean log steps to the target over those
+   seeds (``choose_lr``), the grid grown by half-decades past an edge where the choice sits, so that the chosen
+   value has a grid value on each side; the evaluated seed then trains once per arm at that lr. The choice
+   does not depend on the evaluated seed: it is made once per run and shared by its seeds, and recorded as
+   ``<task>_lr`` (with ``<task>_lr_at_grid_edge``, 1 when the grown grid still ends at it). On the MLP the
+   full-data gradient of every weight matrix is recorded along training: its nuclear-to-Frobenius ratio, placed within the theory's range
    [1/sqrt(min(m, n)), 1] on a log scale (0 = rank one, the worst case; 1 = flat spectrum, the "ideal case"
    where the rate matches SGD's).
 
@@ -29,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -66,7 +72,11 @@ class Config:
     arms: tuple[str, ...] = ("adamw", "sgd_momentum", "shampoo_two_sided", "shampoo_left")
     """practice optimizers (keys of ``baselines.FACTORIES``)"""
     lr_grid: bool = True
-    """sweep each arm's learning-rate grid (``baselines.LR_GRIDS``); else only its middle value"""
+    """choose each arm's learning rate from its grid (``baselines.LR_GRIDS``) on ``lr_validation_seeds``; else
+    use the grid's second value without tuning"""
+    lr_validation_seeds: tuple[int, ...] = (2000, 2001)
+    """the seeds whose runs choose the learning rates (two draws: one run's steps to the target are noisy);
+    disjoint from every evaluated seed (quick 0-4, full 100-104), which ``run`` enforces"""
     max_steps: int = 100
     """training steps per practice run"""
     eval_every: int = 5
@@ -233,14 +243,78 @@ def train(task: Task, arm: str, lr: float, cfg: Config, *, track_ratio: bool = F
     )
 
 
-def _best(runs: list[TrainRun], censored: int) -> TrainRun:
-    """The run that reached the target first (ties: lower final loss; none reached: lowest final loss)."""
+#: half-decade steps the learning-rate grid may grow past an edge where the validation choice sits, per side
+LR_GRID_EXTENSIONS = 2
 
-    def key(r: TrainRun) -> tuple[float, float]:
-        steps = r.steps_to_target if r.steps_to_target is not None else censored
-        return (steps, r.final_loss if math.isfinite(r.final_loss) else math.inf)
 
-    return min(runs, key=key)
+@dataclass(frozen=True)
+class LRChoice:
+    """One arm's learning rate on one task, chosen on the validation seeds."""
+
+    lr: float
+    grid: tuple[float, ...]
+    """every lr tried, ascending (the base grid and its extensions)"""
+    scores: tuple[tuple[float, float], ...]
+    """per grid value: (mean log steps to the target, mean final loss) over the validation seeds"""
+    seeds: tuple[int, ...]
+    """the validation seeds"""
+
+    @property
+    def at_edge(self) -> bool:
+        """The chosen lr is the smallest or largest tried (no grid value on one side)."""
+        return len(self.grid) > 1 and self.lr in (self.grid[0], self.grid[-1])
+
+
+def _half_decade(lr: float, up: bool) -> float:
+    """The next value of the 1-3-10 ladder above (``up``) or below ``lr``: 3e-2 -> 1e-1 or 1e-2."""
+    k = math.floor(math.log10(lr) + 1e-9)
+    ladder = [float(f"{m}e{e}") for e in (k - 1, k, k + 1) for m in (1, 3)]
+    if up:
+        return min(v for v in ladder if v > lr * (1 + 1e-9))
+    return max(v for v in ladder if v < lr * (1 - 1e-9))
+
+
+_LR_CHOICES: dict[tuple[Any, ...], LRChoice] = {}
+
+
+def choose_lr(task_name: str, arm: str, cfg: Config) -> LRChoice:
+    """``arm``'s learning rate on ``task_name``: the grid value with the lowest mean log steps to the target over
+    ``cfg.lr_validation_seeds`` (ties: lower mean final loss), each seed its own data split, initialisation and
+    mini-batches; the grid grows by a half-decade past an edge where the choice sits (at most
+    ``LR_GRID_EXTENSIONS`` per side). Only the validation seeds train here, never ``cfg.seed``; cached, so the
+    seeds of one run share one choice."""
+    seeds = tuple(cfg.lr_validation_seeds)
+    if not seeds:
+        raise ValueError("lr_validation_seeds must be non-empty")
+    key = (task_name, arm, LR_GRIDS[arm], seeds, cfg.max_steps, cfg.eval_every, cfg.batch_size, cfg.target_loss)
+    if key in _LR_CHOICES:
+        return _LR_CHOICES[key]
+    censored = cfg.max_steps + cfg.eval_every
+    tasks = {s: TASKS[task_name](s) for s in seeds}
+    scores: dict[float, tuple[float, float]] = {}
+
+    def score(lr: float) -> tuple[float, float]:
+        if lr not in scores:
+            runs = [train(tasks[s], arm, lr, dataclasses.replace(cfg, seed=s)) for s in seeds]
+            log_steps = float(np.mean([math.log(r.steps_to_target or censored) for r in runs]))
+            finals = [r.final_loss if math.isfinite(r.final_loss) else math.inf for r in runs]
+            scores[lr] = (log_steps, float(np.mean(finals)))
+        return scores[lr]
+
+    grid = sorted(LR_GRIDS[arm])
+    grown = {"down": 0, "up": 0}
+    while True:
+        best = min(grid, key=score)
+        if len(grid) < 2:
+            break
+        side = "down" if best == grid[0] else "up" if best == grid[-1] else None
+        if side is None or grown[side] >= LR_GRID_EXTENSIONS:
+            break
+        grown[side] += 1
+        grid = sorted([*grid, _half_decade(best, up=side == "up")])
+    choice = LRChoice(best, tuple(grid), tuple(scores[lr] for lr in grid), seeds)
+    _LR_CHOICES[key] = choice
+    return choice
 
 
 # ---------------------------------------------------------------------------------------------------- rate part
@@ -317,29 +391,37 @@ def loglog_slope(horizons: tuple[int, ...], values: list[float]) -> float:
 # ---------------------------------------------------------------------------------------------------------- run
 def run(cfg: Config) -> SeedRun:
     """One seed of the reproduction; metrics per arm as named in the card's checks."""
+    if cfg.lr_grid and cfg.seed in cfg.lr_validation_seeds:
+        raise ValueError(f"seed {cfg.seed} is a learning-rate validation seed {cfg.lr_validation_seeds}: the "
+                         "evaluated seeds must be disjoint from them")
     metrics: dict[str, dict[str, float]] = {arm: {} for arm in cfg.arms}
     curves: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
     censored = cfg.max_steps + cfg.eval_every
-    jobs = [
-        (t, a, lr)
-        for t in cfg.tasks
-        for a in cfg.arms
-        for lr in (LR_GRIDS[a] if cfg.lr_grid else LR_GRIDS[a][1:2])
-    ]
-    results: dict[tuple[str, str], list[TrainRun]] = {}
+    # each arm's lr, chosen on the validation seeds before the evaluated seed trains at all
+    choices: dict[tuple[str, str], LRChoice] = {}
+    for task_name in cfg.tasks:
+        for arm in cfg.arms:
+            if cfg.lr_grid:
+                choices[task_name, arm] = choose_lr(task_name, arm, cfg)
+            else:
+                lr = LR_GRIDS[arm][1]
+                choices[task_name, arm] = LRChoice(lr, (lr,), (), ())
+    results: dict[tuple[str, str], TrainRun] = {}
     unreached: dict[str, list[str]] = {}
+    edge: dict[str, list[str]] = {}
     tasks = {name: TASKS[name](cfg.seed) for name in cfg.tasks}
-    for task_name, arm, lr in progress(jobs, desc=f"shampoo practice seed {cfg.seed}"):
-        run_ = train(tasks[task_name], arm, lr, cfg, track_ratio=task_name == cfg.ratio_task)
-        results.setdefault((task_name, arm), []).append(run_)
-    for (task_name, arm), runs in results.items():
-        best = _best(runs, censored)
+    for (task_name, arm), choice in progress(list(choices.items()), desc=f"shampoo practice seed {cfg.seed}"):
+        results[task_name, arm] = train(tasks[task_name], arm, choice.lr, cfg, track_ratio=task_name == cfg.ratio_task)
+    for (task_name, arm), best in results.items():
+        choice = choices[task_name, arm]
         metrics[arm][f"{task_name}_steps"] = float(best.steps_to_target or censored)
-        finals = [r.final_loss for r in runs if math.isfinite(r.final_loss)]
-        metrics[arm][f"{task_name}_final_loss"] = min(finals) if finals else float("nan")
+        metrics[arm][f"{task_name}_final_loss"] = best.final_loss
         metrics[arm][f"{task_name}_ms_per_step"] = best.ms_per_step
-        metrics[arm][f"{task_name}_best_lr"] = best.lr
+        metrics[arm][f"{task_name}_lr"] = choice.lr
+        metrics[arm][f"{task_name}_lr_at_grid_edge"] = float(choice.at_edge)
+        if choice.at_edge:
+            edge.setdefault(task_name, []).append(arm)
         if task_name == cfg.ratio_task:
             metrics[arm]["nuclear_ratio"] = float(np.mean(best.ratios)) if best.ratios else float("nan")
             metrics[arm]["nuclear_ratio_position"] = (
@@ -348,12 +430,28 @@ def run(cfg: Config) -> SeedRun:
         if best.steps_to_target is None:
             unreached.setdefault(task_name, []).append(arm)
         curves.setdefault(task_name, {})[arm] = {"lr": best.lr, "curve": best.curve}
+    lr_choice = {
+        task_name: {
+            arm: {"lr": c.lr, "grid": list(c.grid), "scores": [list(x) for x in c.scores], "seeds": list(c.seeds)}
+            for (t, arm), c in choices.items()
+            if t == task_name
+        }
+        for task_name in cfg.tasks
+    }
 
-    for task_name, arms in unreached.items():
-        notes[PRACTICE_CLAIMS[task_name]] = (
-            f"{', '.join(arms)} did not reach loss {cfg.target_loss} within {cfg.max_steps} steps at any lr "
-            f"(counted as {censored} steps)"
-        )
+    for task_name in set(unreached) | set(edge):
+        parts = []
+        if task_name in unreached:
+            parts.append(
+                f"{', '.join(unreached[task_name])} did not reach loss {cfg.target_loss} within {cfg.max_steps} "
+                f"steps at the lr chosen on the validation seeds (counted as {censored} steps)"
+            )
+        if task_name in edge:
+            parts.append(
+                f"the lr of {', '.join(edge[task_name])} sits at an end of its grid after "
+                f"{LR_GRID_EXTENSIONS} half-decade extensions"
+            )
+        notes[PRACTICE_CLAIMS[task_name]] = "; ".join(parts)
 
     rate: dict[str, dict[str, Any]] = {}
     for arm in progress(cfg.rate_arms, desc=f"shampoo rate seed {cfg.seed}"):
@@ -377,7 +475,7 @@ def run(cfg: Config) -> SeedRun:
             "nuclear_ratio": nucs[-1] / (math.sqrt(m) * fros[-1]),
         }
         rate[arm] = {"horizons": list(cfg.rate_horizons), "nuclear": list(nucs), "frobenius": list(fros)}
-    return SeedRun(metrics, series={"curves": curves, "rate": rate}, notes=notes)
+    return SeedRun(metrics, series={"curves": curves, "rate": rate, "lr_choice": lr_choice}, notes=notes)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

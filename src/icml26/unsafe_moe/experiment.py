@@ -35,7 +35,10 @@ objective on calibration prompts are removed from routing).
 
 **Units.** Every arm is judged on the same held-out harmful prompts of each family, recorded per (family, prompt)
 as 0/1 (``prompts``), so the claims pair arms prompt by prompt; benign accuracy likewise per held-out benign
-prompt (``benign_prompts``).
+prompt (``benign_prompts``). Each unit's id is its family and a hash of its prompt (``prompt_id``): the models
+are fixed by ``lab_seed``, so a prompt attacked in several seeds is the same unit; the training prompts and the
+calibration prompts are recorded as held out (``unit_ids``), disjoint from the evaluation pool by construction
+(other prefixes).
 
 Example:
     >>> import dataclasses
@@ -50,6 +53,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import hashlib
 import multiprocessing
 import os
 import time
@@ -233,6 +237,41 @@ def prompts(prefixes: tuple[str, ...], requests: tuple[str, ...]) -> list[str]:
     return [f"{p} {x}." for p in prefixes for x in requests]
 
 
+def training_prompts() -> list[str]:
+    """Every user prompt the models were trained on (pretraining and both alignments): the chat requests under the
+    training prefixes and the fact format (the shallow world's prefilled continuations repeat these prompts)."""
+    return prompts(TRAIN_PREFIXES, BENIGN + HARMFUL) + [f"fact: {x}." for x in BENIGN + HARMFUL]
+
+
+def prompt_id(family: str, prompt: str) -> str:
+    """What a unit is: the family whose model answers it and a hash of the user prompt's text (the same prompt on
+    the same family has the same id in every seed; the models are the lab's, fixed by ``lab_seed``)."""
+    return f"{family}:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}"
+
+
+def held_out_prompts(cfg: Config) -> tuple[list[str], list[str], np.random.Generator]:
+    """``(held-out harmful prompts attacked, calibration prompts, the generator the run goes on with)``: the
+    seed's subsets of the evaluation pool (held-out prefixes) and of the training prompts (RoSais, the defence)."""
+    rng = np.random.default_rng([cfg.seed, 7])
+    eval_items = prompts(EVAL_PREFIXES, HARMFUL)
+    eval_items = [eval_items[i] for i in sorted(rng.permutation(len(eval_items))[: cfg.n_eval])]
+    calib = prompts(TRAIN_PREFIXES, HARMFUL)
+    calib = [calib[i] for i in sorted(rng.permutation(len(calib))[: cfg.n_calib])]
+    return eval_items, calib, rng
+
+
+def unit_ids(cfg: Config) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
+    """``(SeedRun.unit_ids, SeedRun.held_out)``: per (family, prompt) in the units' order (family-major); trained
+    on: every training prompt of every family; validated on: the calibration prompts (RoSais's ranking and masks,
+    the defence's bans)."""
+    eval_items, calib, _ = held_out_prompts(cfg)
+    ids = {"prompts": [prompt_id(f, p) for f in cfg.families for p in eval_items],
+           "benign_prompts": [prompt_id(f, p) for f in cfg.families for p in prompts(EVAL_PREFIXES, BENIGN)]}
+    split = {"train": [prompt_id(f, p) for f in cfg.families for p in training_prompts()],
+             "validation": [prompt_id(f, p) for f in cfg.families for p in calib]}
+    return ids, {"prompts": split, "benign_prompts": split}
+
+
 def world_tokenizer(family: str) -> Any:
     """The character tokenizer with the chat markers as single tokens and ``family``'s chat template."""
     if family not in TEMPLATES:
@@ -408,11 +447,7 @@ def attack_world(
     model, tok = aligned_model(cfg, family, lab_seed, world)
     k = keys(lab_seed)
     judge = TieredJudge(content_of=lambda p: k[request_of(p)])  # evaluation only: no attack sees it
-    rng = np.random.default_rng([cfg.seed, 7])
-    eval_items = prompts(EVAL_PREFIXES, HARMFUL)
-    eval_items = [eval_items[i] for i in sorted(rng.permutation(len(eval_items))[: cfg.n_eval])]
-    calib = prompts(TRAIN_PREFIXES, HARMFUL)
-    calib = [calib[i] for i in sorted(rng.permutation(len(calib))[: cfg.n_calib])]
+    eval_items, calib, rng = held_out_prompts(cfg)
     mnt = cfg.max_new_tokens
     index, count = chunk
     mine = np.array_split(np.arange(len(eval_items)), count)[index].tolist() if part == "main" else None
@@ -668,11 +703,14 @@ def run(cfg: Config) -> SeedRun:
         "compare format (affirmative opening) with content (the key) and the prefill ceiling"
     }
     series = {"worlds": {w: {f: runs[(f, w)].series for f in cfg.families} for w in cfg.worlds}}
+    ids, held_out = unit_ids(cfg)
     return SeedRun(
         metrics,
         series=series,
         notes=notes,
         units={"prompts": pooled("prompts"), "benign_prompts": pooled("benign")},
+        unit_ids=ids,
+        held_out=held_out,
     )
 
 

@@ -103,6 +103,9 @@ class ClientData:
     """the client's index (its partition id): seeds its local randomness"""
     attacker: int | None = None
     """a poisoning client's trigger group (``None``: an honest client); read by ``attacks.PoisonedXFedAlign``"""
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+    """``{"train", "val", "test"}``: each split's rows in the bundled data set (what each item is; empty when the
+    client's data came from elsewhere, e.g. a Flower node's own arrays)"""
 
 
 @dataclass
@@ -229,6 +232,7 @@ def load_task(name: str = "digits", partition: str = "dirichlet", *, n_clients: 
             Xk[:, cols] = baseline[cols]  # erased to the baseline: the band carries no information
             shift = f"pixel rows {rows[0]}-{rows[1]} erased"
         clients.append(ClientData(Xk[tr].astype(np.float32), y[tr], Xk[va].astype(np.float32), y[va],
-                                  Xk[te].astype(np.float32), y[te], shift=shift, cid=k))
+                                  Xk[te].astype(np.float32), y[te], shift=shift, cid=k,
+                                  rows={"train": tr, "val": va, "test": te}))
     return FederatedTask(name, partition, clients, groups, int(y.max()) + 1, baseline.astype(np.float32),
                          class_names)

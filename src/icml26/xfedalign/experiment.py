@@ -18,7 +18,11 @@ non-IID (alpha = 0.3; on digits also an erased pixel band per client). In every 
    (client, class), accuracy per item; bytes per client and round from the runs' own accounting.
 
 Per-unit outcomes pool the four worlds (units ``items``, ``client_classes``); per-world means are reported as
-``<metric>_<world>``. On the digits Dirichlet world only:
+``<metric>_<world>``. Unit ids (:func:`world_unit_ids`, :func:`trial_ids`): an item is a row of the bundled data
+set in one world (the same on every seed that tests it), a (client, class) pair and a membership trial belong to
+the seed that drew them, a poisoned class is the same digit class on every seed; held out: each world's training
+and validation rows (``items``) and the attack's training trials (``trials``), disjoint from the tested units by
+construction and checked by the runner. On the digits Dirichlet world only:
 
 - **privacy**: a shadow membership-inference attack on the shared artifacts (``metrics.membership_attack``):
   trials build a 120-row client dataset with or without a canary (a training digit with a bright corner
@@ -347,9 +351,47 @@ def membership(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[
             for arm, f in feats.items()}
 
 
+def world_unit_ids(task: FederatedTask, world: str, seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """What the units of one world are: ``({"items": ids, "client_classes": ids}, {"train": ids, "validation":
+    ids})``, the ids in the order :func:`evaluate_world` lists its units (client by client).
+
+    An item is a row of the bundled data set seen in one world (``"digits/iid:row17"``): the same row tested in
+    another seed is the same unit (the rows are a fixed pool the seed re-partitions), and the world is part of its
+    identity because each world trains its own model on its own partition (a row held out in one world may be
+    trained on in another; on digits / Dirichlet the item's pixels are also partly erased). The held-out ids are
+    the world's training rows (``train``) and the validation rows the learning rates are chosen on
+    (``validation``). A (client, class) unit belongs to a client the seed drew (``"...:seed3:client2:class7"``),
+    so it differs between seeds.
+
+    Example:
+        >>> from icml26.xfedalign.data import load_task
+        >>> ids, held = world_unit_ids(load_task("cancer", "iid", n_clients=6, seed=0), "cancer/iid", 0)
+        >>> ids["items"][0].startswith("cancer/iid:row"), set(ids["items"]) & set(held["train"])
+        (True, set())
+    """
+    labels = [c.y_test for c in task.clients]
+    # drift_units' keys depend only on the labels, so a dummy map gives the (client, class) order of every arm
+    _, keys = drift_units([np.ones((len(y), 1)) for y in labels], labels, task.n_classes)
+    rows = {split: np.concatenate([c.rows[split] for c in task.clients]) for split in ("train", "val", "test")}
+    ids = {"items": [f"{world}:row{int(r)}" for r in rows["test"]],
+           "client_classes": [f"{world}:seed{seed}:client{k}:class{c}" for k, c in keys]}
+    held = {"train": [f"{world}:row{int(r)}" for r in rows["train"]],
+            "validation": [f"{world}:row{int(r)}" for r in rows["val"]]}
+    return ids, held
+
+
+def trial_ids(world: str, seed: int, n: int) -> tuple[list[str], list[str]]:
+    """The membership-inference trials of :func:`membership` (drawn from the seed's generator, so distinct across
+    seeds): ``(scored trials, trials the attack is trained on)``."""
+    ids = [f"{world}:seed{seed}:trial{t}" for t in range(2 * n)]
+    return ids[n:], ids[:n]
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: every world, every arm; per-unit outcomes pooled over worlds."""
     units: dict[str, dict[str, dict[str, list[float]]]] = {"items": {}, "client_classes": {}}
+    unit_ids: dict[str, list[str]] = {"items": [], "client_classes": []}
+    held_out: dict[str, dict[str, list[str]]] = {"items": {"train": [], "validation": []}}
     metrics: dict[str, dict[str, float]] = {}
     series: dict[str, Any] = {}
     for world_name in progress(cfg.worlds, desc=f"xfedalign seed {cfg.seed}"):
@@ -364,6 +406,11 @@ def run(cfg: Config) -> SeedRun:
                                   cfg.lr_grid)}
         lr_mlp, lr_lin = tuned["fedavg"][0], tuned["fed_xai"][0]
         world = evaluate_world(cfg, task, tuned)
+        ids, held = world_unit_ids(task, world_name, cfg.seed)
+        for unit, u_ids in ids.items():
+            unit_ids[unit] += u_ids
+        for split, h_ids in held.items():
+            held_out["items"][split] += h_ids
         tag = world_name.replace("/", "_")
         for unit in ("items", "client_classes"):
             for arm, ms in world[unit].items():
@@ -383,6 +430,8 @@ def run(cfg: Config) -> SeedRun:
             if cfg.poison:
                 pois = poisoning(cfg, task, world)
                 units["classes"] = {arm: {k: v.tolist() for k, v in ms.items()} for arm, ms in pois.items()}
+                # a digit class is the same unit on every seed (each seed poisons a newly trained prior)
+                unit_ids["classes"] = [f"{world_name}:class{c}" for c in range(task.n_classes)]
                 dp = dp_arm(cfg, task, world)
                 metrics.setdefault("xfedalign_dp8", {}).update(
                     {"sigma": dp["sigma"], "deletion_auc_digits_dirichlet": float(dp["deletion_auc"].mean()),
@@ -391,6 +440,9 @@ def run(cfg: Config) -> SeedRun:
             if cfg.mia_trials > 0:
                 mia = membership(cfg, task, world)
                 units["trials"] = {arm: {"mia_correct": v.tolist()} for arm, v in mia.items()}
+                scored, attack_train = trial_ids(world_name, cfg.seed, cfg.mia_trials)
+                unit_ids["trials"] = scored
+                held_out["trials"] = {"train": attack_train, "validation": []}
                 for arm, v in mia.items():   # TPR - FPR of the balanced game
                     metrics.setdefault(arm, {})["mia_advantage"] = 2.0 * float(np.mean(v)) - 1.0
     # the communication claims read one number per arm: the worst world (deterministic given the config)
@@ -400,7 +452,9 @@ def run(cfg: Config) -> SeedRun:
     metrics["xfedalign"]["overhead_vs_fedavg"] = max(v for k, v in metrics["xfedalign"].items()
                                                      if k.startswith("overhead_vs_fedavg_"))
     units = {u: v for u, v in units.items() if v}
-    return SeedRun(metrics, series=series, units=units)
+    unit_ids = {u: v for u, v in unit_ids.items() if u in units}
+    held_out = {u: v for u, v in held_out.items() if u in units}
+    return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
