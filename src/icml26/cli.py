@@ -198,10 +198,11 @@ def _torch_build() -> str:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return "not installed (the papers that need it name the extra to install)"
-    spec = importlib.util.find_spec("torch.version")
+    spec = importlib.util.find_spec("torch")  # a top-level spec: nothing is imported
+    version_py = Path(spec.origin).parent / "version.py" if spec is not None and spec.origin else None
     cuda = None
-    if spec is not None and spec.origin:
-        m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", Path(spec.origin).read_text(), re.M)
+    if version_py is not None and version_py.is_file():
+        m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", version_py.read_text(), re.M)
         cuda = m.group(1) if m else None
     return f"{version}, " + (f"a CUDA {cuda} build" if cuda else "the CPU build")
 

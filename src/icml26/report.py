@@ -225,8 +225,11 @@ def _card_dict(paper: Paper) -> dict[str, Any]:
 
 def config_problems(paper: Paper, mode: str, data: Mapping[str, Any], path: Path | str) -> list[str]:
     """The stored ``config`` must be the experiment's preset for ``mode`` (imports the experiment module)."""
+    from .registry import missing_extras
     from .runner import _jsonable_config, load_experiment
 
+    if missing_extras(paper):
+        return []  # the experiment cannot be imported here; `icml26 reproduce` names the extras
     try:
         exp = load_experiment(paper)
     except Exception as exc:
@@ -562,8 +565,8 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
         check: change nothing; report stale files in ``outcome.changed``.
         results_dir: default ``root/results``.
         papers: default all registered papers.
-        configs: compare each result's config with its experiment's preset (imports every experiment);
-            default: when ``papers`` is the registry's.
+        configs: compare each result's config with its experiment's preset (imports every experiment whose
+            extras are installed); default: in check mode, when ``papers`` is the registry's.
 
     In a git checkout with its full history, each paper README also gets its "Card history" block and every
     result is checked against the commit it names; in a shallow clone or outside git both are skipped and
@@ -571,7 +574,7 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
     """
     root = find_root() if root is None else Path(root)
     results = Path(results_dir) if results_dir is not None else root / "results"
-    configs = papers is None if configs is None else configs
+    configs = (check and papers is None) if configs is None else configs
     papers = list_papers() if papers is None else papers
     outcome = ReportOutcome()
     problems: list[str] = []
