@@ -682,3 +682,34 @@ def test_consistency_phase_raises_the_round_trip_match_rate():
         train_codec(utt, consistency=float("nan"))
     with pytest.raises(ValueError, match="consistency_steps must be"):
         train_codec(utt, consistency_steps=-1)
+
+
+def test_every_unit_has_ids_that_name_its_clip_and_key():
+    """unit_ids: one distinct id per unit for every unit name, none shared by two seeds; ``null/<s>/<i>/k0`` is clip
+    i under its own key (its outcome is the clip's own-key outcome). No held_out: no clip is trained or tuned on."""
+    from icml26.audio_watermark.experiment import clip_ids
+
+    cfg = dataclasses.replace(
+        PRESETS["smoke"],
+        n_utterances=6,
+        codec_steps=3,
+        lm_steps=3,
+        n_generations=2,
+        n_unwatermarked=3,
+        null_keys=2,
+        attacks=("identity",),
+    )
+    res = run(cfg)
+    assert set(res.unit_ids) == set(res.units) == {"clips", "unwatermarked_clips", "null_scores"}
+    for unit, ids in res.unit_ids.items():
+        assert len(set(ids)) == len(ids)
+        assert {len(v) for ms in res.units[unit].values() for v in ms.values()} == {len(ids)}, unit
+    assert res.held_out == {} and res.overlap() == {}
+    own = res.units["unwatermarked_clips"]["hpt"]["fpr_at_001"]
+    by_key = res.units["null_scores"]["hpt"]["fpr_at_001_keys"]
+    for i, clip in enumerate(res.unit_ids["unwatermarked_clips"]):
+        k = res.unit_ids["null_scores"].index(f"{clip}/k0")
+        assert by_key[k] == own[i]
+    other = clip_ids(cfg.seed + 1, 2, 3, 2)
+    for unit, ids in res.unit_ids.items():
+        assert not set(ids) & set(other[unit])

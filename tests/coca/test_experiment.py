@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("concept_erasure")
 
-from icml26.coca.data import OOD_SUITES, World, request_of
-from icml26.coca.experiment import PRESETS, alignment_data, arms_of, run
+from icml26.coca.data import OOD_SUITES, SUITES, World, request_of, text_id
+from icml26.coca.experiment import PRESETS, alignment_data, arms_of, naming_prompt, run, synthetic_ids
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -64,6 +64,58 @@ def test_every_arm_is_judged_on_the_same_items(tiny_run):
     ood = out.units["ood_prompts"]["none"]["asr_ood"]
     for i, s in enumerate(OOD_SUITES):
         assert out.metrics["none"][f"asr_{s}"] == pytest.approx(np.mean(ood[i * n_id:(i + 1) * n_id]), abs=1e-12)
+
+
+def test_every_unit_carries_ids_and_none_was_trained_or_tuned_on(tiny_run):
+    out = tiny_run
+    assert set(out.unit_ids) == set(out.units) == set(out.held_out)
+    for unit, by_arm in out.units.items():
+        n = {len(v) for metrics in by_arm.values() for v in metrics.values()}
+        assert n == {len(out.unit_ids[unit])}, unit
+    assert out.overlap() == {u: {"train": 0, "validation": 0} for u in out.units}
+    w = World(TINY.lab_seed)
+    suites = w.suites(TINY.wrappers_per_request, seed=TINY.seed)
+    assert out.unit_ids["id_prompts"] == [text_id(it.prompt) for it in suites["id"]]
+    assert out.unit_ids["ood_prompts"] == [text_id(it.prompt + it.prefill) for s in OOD_SUITES for it in suites[s]]
+    assert out.unit_ids["utility_items"] == [text_id(p) for p in w.utility_prompts(TINY.n_utility_eval, TINY.seed)]
+    assert out.unit_ids["probe_items"] == [text_id(naming_prompt(r)) for r in w.split["test"]]
+    assert out.unit_ids["synthetic_items"] == synthetic_ids(TINY)[0]
+    # what the held-out sets hold: the alignment prompts, the pretraining and alignment chains
+    prompts = alignment_data(w, TINY, "coca")[0]
+    n_safety = len(w.alignment_examples("train"))
+    assert set(out.held_out["id_prompts"]["train"]) == {text_id(p) for p in prompts[:n_safety]}
+    assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in prompts[n_safety:]}
+    assert set(out.held_out["ood_prompts"]["validation"]) == {text_id(str(e["prompt"]))
+                                                               for e in w.alignment_examples("val")}
+    chains = {p for p in w.pretraining_corpus()[0] if p in set(w.chains["train"])}
+    assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in chains}
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_test_items_are_distinct_and_disjoint_from_training_and_validation(preset):
+    cfg = PRESETS[preset]
+    w = World(cfg.lab_seed)
+    train = set(alignment_data(w, cfg, "standard", "train")[0])
+    val = {str(e["prompt"]) for e in w.alignment_examples("val")}
+    pre_prompts = w.pretraining_corpus()[0]
+    chains = set(w.chains["train"]) | set(w.chains["test"])
+    assert len(chains) == 1000 and not set(w.chains["train"]) & set(w.chains["test"])
+    pretrained_chains = {p for p in pre_prompts if p in chains}
+    assert len(pretrained_chains) > 500
+    for seed in (0, 1, 100, 101):
+        suites = w.suites(cfg.wrappers_per_request, seed=seed)
+        texts = {s: [it.prompt + it.prefill for it in suites[s]] for s in (*SUITES, "benign")}
+        for s, t in texts.items():
+            assert len(t) == len(set(t)), s  # distinct within a suite
+            assert not set(t) & (train | val), s  # never aligned on or used to choose the learning rate
+        ood = [t for s in OOD_SUITES for t in texts[s]]
+        assert len(ood) == len(set(ood)) and not set(ood) & set(texts["id"])
+        utility = w.utility_prompts(cfg.n_utility_eval, seed)
+        assert len(utility) == len(set(utility)) == cfg.n_utility_eval
+        assert set(utility) <= set(w.chains["test"])
+        assert not set(utility) & (pretrained_chains | train | val)
+    with pytest.raises(ValueError, match="held-out utility chains"):
+        w.utility_prompts(len(w.chains["test"]) + 1, 0)
 
 
 def test_same_seed_same_numbers(tiny_run):

@@ -67,6 +67,27 @@ def test_privacy_arms_test_the_same_clients(monkeypatch):
     assert len(large_draws) == 2 * cfg.dp_reps  # H0 and H1, not once per arm
 
 
+def test_replications_are_fresh_draws_without_ids_or_held_out_sets(monkeypatch):
+    """Verdicts v3: each replication draws new clients from its seed's generator (no unit repeats within or across
+    seeds, nothing is trained on them), so the run gives no held-out set, and no ids: one id list per unit name
+    cannot cover scenarios of different sizes (README, Deviations 8); unnamed units count as distinct."""
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    firsts = []
+    generate = H0["type1_shifts"]
+
+    def recording(rng, c):
+        clients = generate(rng, c)
+        firsts.append(np.asarray(clients[0][0]))
+        return clients
+
+    monkeypatch.setitem(H0, "type1_shifts", recording)
+    a, b = run(cfg), run(dataclasses.replace(cfg, seed=1))
+    assert a.unit_ids == b.unit_ids == {} and a.held_out == {}
+    draws = [f.tobytes() for f in firsts]
+    assert len(set(draws)) == len(draws) == 2 * cfg.h0_reps
+    assert len({len(v) for ms in a.units["replications"].values() for v in ms.values()}) > 1
+
+
 def test_fisher_and_stouffer_share_the_clients_pvalues_exactly():
     clients = shared_shifts(np.random.default_rng(3), dep=0.35)
     pvalues = experiment._pvalues(experiment._methods(0), clients)

@@ -82,3 +82,43 @@ def test_quick_reproduction_matches_the_committed_result(tmp_path):
     data = reproduce_in_subprocess("fedtreelora", tmp_path, mode="quick", timeout=1200)
     # float32 training on a CPU: BLAS summation order can flip a few borderline test items between machines
     assert_matches_committed(data, atol=0.02, metrics={"fedtreelora.bytes_per_round": 0.0})
+
+
+def test_item_ids_name_client_and_prompt_and_splits_are_disjoint():
+    """Test items are disjoint from the client's training and validation items, also where the prompt space is
+    so small that the draws collide (they are drawn again), and the ids are what the item is."""
+    from icml26.common.tiny_lm import char_tokenizer
+
+    tok = char_tokenizer()
+    for world, sizes in ((World(), (64, 64, 200)), (World(letters="abc", length=4, per_rule=1), (40, 20, 40))):
+        clients = make_clients(world, tok, n_train=sizes[0], n_val=sizes[1], n_test=sizes[2], seed=3)
+        for c in clients:
+            test, train, val = c.item_ids("test"), c.item_ids("train"), c.item_ids("val")
+            assert len(test) == len(c.test[1]) and len(train) == len(c.train[1]) and len(val) == len(c.val[1])
+            assert not set(test) & (set(train) | set(val)) and not set(val) & set(train)
+            assert all(i.startswith(f"c{c.cid}/") for i in test)
+            decoded = [tok.decode(row) for row in c.test[0]]
+            assert [f"c{c.cid}/{d[:-1]}" for d in decoded] == test  # the prompt the model reads, without "="
+    with pytest.raises(ValueError, match="too few distinct prompts"):
+        make_clients(World(letters="abc", length=4, per_rule=1), tok, n_train=300, n_val=300, n_test=300, seed=0)
+
+
+def test_run_records_item_ids_and_held_out_items():
+    from icml26.fedtreelora.experiment import PRESETS, run
+
+    cfg = dataclasses.replace(PRESETS["smoke"], arms=("fedavg_lora",), n_train=8, n_val=4, n_test=6, rounds=1,
+                              local_steps=1, warmup_rounds=1)
+    out = run(cfg)
+    assert set(out.unit_ids) == set(out.units) == {"items"}
+    ids = out.unit_ids["items"]
+    assert len(ids) == len(set(ids)) == 8 * 6
+    assert {len(v) for by_arm in out.units["items"].values() for v in by_arm.values()} == {len(ids)}
+    assert len(out.held_out["items"]["train"]) == 8 * 8 and len(out.held_out["items"]["validation"]) == 8 * 4
+    assert out.overlap() == {"items": {"train": 0, "validation": 0}}
+
+
+def test_quick_and_full_seeds_are_disjoint():
+    from icml26.registry import get_paper
+
+    modes = get_paper("fedtreelora").modes
+    assert not set(modes["quick"].seeds) & set(modes["full"].seeds)

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from icml26.inverse_optimization.data import adaptive_pairs
 from icml26.inverse_optimization.experiment import PRESETS, run
-from icml26.inverse_optimization.learner import mistake_bound
+from icml26.inverse_optimization.learner import MConvexInverseLearner, mistake_bound
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -31,6 +32,22 @@ def test_smoke_run_through_the_cli(tmp_path):
 def test_same_seed_same_numbers():
     cfg = dataclasses.replace(PRESETS["smoke"], T=150)
     assert run(cfg).metrics == run(cfg).metrics
+
+
+def test_no_units_and_no_held_out_set():
+    # verdicts v3: each seed is one stream (no unit finer than the seed, no training or validation items), so
+    # the SeedRun carries no per-unit values, ids or held-out sets and every claim is decided over seeds
+    out = run(dataclasses.replace(PRESETS["smoke"], T=150))
+    assert out.units == {} and out.unit_ids == {} and out.held_out == {}
+
+
+def test_adaptive_mistakes_of_the_centroid_learner_do_not_depend_on_the_seed():
+    # why the headline is the same on every seed: the smallest-gap wrong pair is adjacent in w*'s order, and a
+    # learner that keeps its constraints errs on each adjacent pair once, d - 1 mistakes whatever w* and its seed
+    d = 8
+    counts = {adaptive_pairs(d, 5000 * s + d, MConvexInverseLearner(d, random_state=r), 10_000)[0]
+              for s in range(6) for r in (0, 3)}
+    assert counts == {d - 1}
 
 
 @pytest.mark.slow

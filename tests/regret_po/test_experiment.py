@@ -14,14 +14,19 @@ from icml26.common.tiny_lm import AdditionChain, accuracy
 from icml26.regret_po.experiment import (
     ARM_SPECS,
     ARMS,
+    LAB_ROLES,
     PRESETS,
     REPO_VARIANTS,
     arm_config,
+    chain_pools,
     correctness,
     grid_points,
     lab_models,
     preference_data,
+    prompt_id,
     run,
+    seed_prompts,
+    sft_data,
 )
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
@@ -48,7 +53,7 @@ def test_smoke_run_through_the_cli(tmp_path):
 def test_pairs_are_labelled_by_regret_and_carry_behaviour_logps():
     cfg = PRESETS["smoke"]
     tok, _, mu_s, mu_w = lab_models(cfg)
-    data = preference_data(cfg, tok, mu_s, mu_w, 40, seed=3)
+    data = preference_data(cfg, tok, mu_s, mu_w, seed_prompts(cfg)["pairs"][:40], seed=3)
     assert data["prompt"] and len(data["chosen_behavior_logps"]) == len(data["chosen"])
     for side in ("chosen", "rejected"):
         for c, b, ids, top in zip(
@@ -121,9 +126,13 @@ def test_every_arm_is_scored_on_the_same_prompts_in_the_same_order():
     # pairing by index: scoring the SFT start on the same prompts again gives the same vector
     tok, pi0, _, _ = lab_models(cfg)
     task = AdditionChain(cfg.terms, cfg.max_value)
-    rng = np.random.default_rng(20_000 + cfg.seed)
-    prompts = [task.sample(rng).prompt for _ in range(cfg.eval_prompts)]
+    prompts = seed_prompts(cfg)["test"]
     assert correctness(pi0, tok, task, prompts) == per["sft"]["accuracy"]
+    # every unit carries its id (the prompt's text hash), and none was trained or tuned on
+    assert set(out.unit_ids) == set(out.units) == {"prompts"}
+    assert out.unit_ids["prompts"] == [prompt_id(p) for p in prompts]
+    assert set(out.held_out) == {"prompts"} and out.overlap() == {"prompts": {"train": 0, "validation": 0}}
+    assert set(out.held_out["prompts"]["validation"]) == {prompt_id(p) for p in seed_prompts(cfg)["validation"]}
     # repo_best is one of the RePO variants, chosen on validation accuracy only
     chosen = out.series["repo_best"]
     assert chosen in REPO_VARIANTS and per["repo_best"] == per[chosen]
@@ -144,3 +153,34 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     tol.update({f"{arm}.{m}": float("inf") for arm in (*ARMS, "repo_best") for m in ("lr", "beta_mult")})
     tol["repo_best.variant"] = float("inf")
     assert_matches_committed(data, atol=0.05, metrics=tol)
+
+
+def test_chain_pools_partition_the_world():
+    cfg = PRESETS["quick"]
+    pools = chain_pools(cfg)
+    sizes = {k: len(v) for k, v in pools.items()}
+    assert sizes == {"test": cfg.test_pool, "validation": cfg.val_pool,
+                     "train": (cfg.max_value + 1) ** cfg.terms - cfg.test_pool - cfg.val_pool}
+    sets = {k: set(v) for k, v in pools.items()}
+    assert sum(len(v) for v in sets.values()) == sum(sizes.values())  # distinct within and across pools
+    # the pools are the lab's: every preset uses the same split (the lab models are shared)
+    assert all(chain_pools(p) == pools for p in PRESETS.values())
+    assert chain_pools(dataclasses.replace(cfg, seed=7)) == pools
+    with pytest.raises(ValueError, match="test_pool"):
+        chain_pools(dataclasses.replace(cfg, test_pool=900, val_pool=100))
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_test_prompts_are_distinct_and_disjoint_from_training_and_validation(preset):
+    cfg = PRESETS[preset]
+    sft_prompts = {p for role in LAB_ROLES for p in sft_data(cfg, role)[0]}
+    for seed in (0, 1, 100, 101):
+        prompts = seed_prompts(dataclasses.replace(cfg, seed=seed))
+        test, val, pairs = prompts["test"], prompts["validation"], prompts["pairs"]
+        assert len(test) == len(set(test)) == cfg.eval_prompts
+        assert len(val) == len(set(val)) == cfg.val_prompts and len(pairs) == cfg.n_pairs
+        assert not set(test) & set(val)
+        assert not set(test) & (set(pairs) | sft_prompts)
+        assert not set(val) & (set(pairs) | sft_prompts)
+    with pytest.raises(ValueError, match="eval_prompts"):
+        seed_prompts(dataclasses.replace(cfg, eval_prompts=cfg.test_pool + 1))

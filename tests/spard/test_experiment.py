@@ -12,7 +12,19 @@ pytest.importorskip("transformers")
 
 from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
 from icml26.spard.data import DATASETS, make_world
-from icml26.spard.experiment import PRESETS, _extension, _select, finetune_set, run, select_safety
+from icml26.spard.experiment import (
+    PRESETS,
+    _extension,
+    _select,
+    finetune_set,
+    held_out_ids,
+    held_out_problems,
+    run,
+    select_safety,
+    text_id,
+    trained_additions,
+    tuned_additions,
+)
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -77,8 +89,39 @@ def test_same_seed_same_numbers_and_paired_units():
                 assert v == b.metrics[arm][m], (arm, m)
     assert {len(v["asr"]) for v in a.units["prompts"].values()} == {60}
     assert np.mean(a.units["prompts"]["sft"]["asr"]) == a.metrics["sft"]["asr"]
+    # every unit carries one id per unit (the prompt's text hash), and none was trained or tuned on
+    world = make_world(cfg.lab_seed)
+    assert set(a.unit_ids) == set(a.units) == set(a.held_out) == {"prompts", "problems"}
+    assert a.unit_ids["prompts"] == [text_id(s.prompt) for s in world.test[cfg.attack]]
+    assert len(a.unit_ids["problems"]) == len(a.units["problems"]["sft"]["utility"]) == cfg.n_utility_test
+    assert a.overlap() == {"prompts": {"train": 0, "validation": 0}, "problems": {"train": 0, "validation": 0}}
+    assert a.unit_ids == b.unit_ids
     with pytest.raises(ValueError, match="unknown arms"):
         run(dataclasses.replace(cfg, arms=("sft", "magic")))
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_test_units_are_distinct_and_disjoint_from_training_and_validation(preset):
+    cfg = PRESETS[preset]
+    world = make_world(cfg.lab_seed)
+    test = [s.prompt for s in world.test[cfg.attack]]
+    assert len(test) == len(set(test)) == 60  # 3 test templates x 20 topics, the same on every seed
+    val = {s.prompt for d in DATASETS for s in world.val[d]}
+    for seed in (0, 1, 100, 101):
+        c = dataclasses.replace(cfg, seed=seed)
+        ft = finetune_set(c, world, seed)
+        pool = world.pool_all  # every safety set is drawn from it
+        trained = {s.prompt for s in (*world.pretrain, *world.align, *ft, *pool)}
+        assert not set(test) & (trained | val)
+        held = held_out_ids(c, world, ft, [pool])
+        assert not {text_id(p) for p in test} & (set(held["prompts"]["train"]) | set(held["prompts"]["validation"]))
+        problems = [s.prompt for s in held_out_problems(c, world, ft)]
+        assert len(problems) == len(set(problems)) == cfg.n_utility_test
+        assert not set(problems) & (trained_additions(c, world, ft) | tuned_additions(c))
+        assert {s.prompt for s in ft if s.kind == "utility"} <= trained_additions(c, world, ft)
+        assert len(tuned_additions(c)) > 0.9 * cfg.n_utility_val
+    with pytest.raises(ValueError, match="n_utility_test"):
+        held_out_problems(dataclasses.replace(cfg, n_utility_test=8100), world, finetune_set(cfg, world, 0))
 
 
 @pytest.mark.slow

@@ -38,7 +38,13 @@ mean over clips. ``clips``: the arm's watermarked generations, paired by index a
 differences hpt - base at h and h + 1). ``unwatermarked_clips``: the unwatermarked generations, the same for every
 arm (``fpr_at_001`` per clip under its own key, 0/1; ``nll`` of ``none``). ``null_scores``: every (unwatermarked
 clip, key) score (``fpr_at_001_keys``, 0/1, for Clopper-Pearson: given the clip the exact null holds under each
-independent key).
+independent key). **Unit ids** (``unit_ids``): a clip is regenerated per seed, so its id is what draws it:
+``wm/<sampling seed>/<i>`` for watermarked generation i (the same clip index in every arm, sampled with the seed and
+key of index i), ``null/<sampling seed>/<i>`` for unwatermarked generation i (sampling seed 10000 + seed) and
+``null/<sampling seed>/<i>/k<j>`` for its score under its j-th key (j = 0: its own key). No unit is shared by two
+seeds. There is no ``held_out``: no clip, watermarked or not, is trained or tuned on (the codec, the LM and the
+clusters learn from the even corpus utterances, audio of another kind; the gate and the test's parameters were
+fixed before any run), so there is no training or validation set of the units' kind.
 
 Example:
     >>> import dataclasses
@@ -280,6 +286,26 @@ def _reencode(
     return codec.encode(wave)
 
 
+#: the sampling seed of a seed's unwatermarked clips (the watermarked ones are sampled with the seed itself)
+NULL_SAMPLING_OFFSET = 10_000
+
+
+def clip_ids(seed: int, n_generations: int, n_null: int, null_keys: int) -> dict[str, list[str]]:
+    """``SeedRun.unit_ids`` of a seed: what each clip and null score is (see the module docstring, Units).
+
+    Example:
+        >>> clip_ids(3, 2, 1, 2)
+        {'clips': ['wm/3/0', 'wm/3/1'], 'unwatermarked_clips': ['null/10003/0'], 'null_scores': ['null/10003/0/k0', 'null/10003/0/k1']}
+    """
+    null_seed = NULL_SAMPLING_OFFSET + seed
+    return {
+        "clips": [f"wm/{seed}/{i}" for i in range(n_generations)],
+        "unwatermarked_clips": [f"null/{null_seed}/{i}" for i in range(n_null)],
+        # the order of _arm_metrics' null scores: clip-major, its own key first
+        "null_scores": [f"null/{null_seed}/{i}/k{j}" for i in range(n_null) for j in range(null_keys)],
+    }
+
+
 def generation_keys(seed: int, n: int, *, null: bool = False) -> list[int]:
     """One key per generation (clip i of every arm shares it, so arms stay paired); the null clips' keys are
     drawn from another namespace."""
@@ -444,7 +470,7 @@ def run(cfg: Config) -> SeedRun:
         q = codec.encode(u)
         held.append((q, codec.encode(codec.decode(q))))
     rng = np.random.default_rng([cfg.seed, 3])
-    unmarked = sample_streams(lm, n_null, cfg.length, levels=L, vocab=V, seed=10_000 + cfg.seed)
+    unmarked = sample_streams(lm, n_null, cfg.length, levels=L, vocab=V, seed=NULL_SAMPLING_OFFSET + cfg.seed)
     metrics: dict[str, dict[str, float]] = {}
     units: dict[str, dict[str, dict[str, list[float]]]] = {
         "unwatermarked_clips": {"none": {"nll": [float(v) for v in nll_streams(lm, unmarked, V)]}}
@@ -517,7 +543,13 @@ def run(cfg: Config) -> SeedRun:
             f"in the tables"
         )
         notes.update({c: why for c in claims})
-    return SeedRun(metrics, series={"config": asdict(cfg), "pvalues": pvalues}, notes=notes, units=units)
+    return SeedRun(
+        metrics,
+        series={"config": asdict(cfg), "pvalues": pvalues},
+        notes=notes,
+        units=units,
+        unit_ids=clip_ids(cfg.seed, cfg.n_generations, n_null, cfg.null_keys),
+    )
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

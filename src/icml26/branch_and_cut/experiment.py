@@ -29,7 +29,7 @@ Families (``families.py``; this project's constructions) and arms, all on the sa
 Instances, SB, the minimum trees, SCIP and the learned model are deterministic (the arms the claims compare;
 computed once per process), so the card runs one seed and checks them ``exactly``. The two randomised arms,
 ``sb_random`` and ``random_scores``, take ``random_draws`` independent draws from the seed's generator and
-record every draw's sizes as per-unit values (unit ``draws``; the table shows their mean). Metrics:
+record every draw's sizes as per-unit values (unit ``draws``, ids :func:`draw_ids`; the table shows their mean). Metrics:
 ``tree_size`` at the largest n, ``tree_size_n<k>`` per n, ``growth`` (geometric mean of the size ratio per +2
 variables), ``lp_solves``; the minimum trees up to ``oracle_max_n``, and ``size_at_oracle_n`` (every arm's size
 at the largest n the oracle reaches, for comparisons with it).
@@ -270,7 +270,20 @@ def run(cfg: Config) -> SeedRun:
                 f"the SB arms run to n = {max(cfg.ns)}")
         notes = {"learned_policy": text, "sb_suboptimal": text, "rhs_perturbation": text,
                  "scip_sb_suboptimal": text}
-    return SeedRun(metrics, series={"sizes": sizes, "draws": draws}, notes=notes, units={"draws": per_draw})
+    # a draw is the seed's generator's i-th draw of both randomised arms (so draws of other seeds are other units);
+    # nothing is trained or tuned on draws: no held-out set
+    return SeedRun(metrics, series={"sizes": sizes, "draws": draws}, notes=notes, units={"draws": per_draw},
+                   unit_ids={"draws": draw_ids(cfg.seed, cfg.random_draws)})
+
+
+def draw_ids(seed: int, n: int) -> list[str]:
+    """The ids of a seed's ``n`` draws of the randomised arms (unit ``draws``).
+
+    Example:
+        >>> draw_ids(100, 2)
+        ['seed100:draw0', 'seed100:draw1']
+    """
+    return [f"seed{seed}:draw{i}" for i in range(n)]
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -37,9 +37,14 @@ probes at every layer there and at the plain chat's decision position (diagnosti
 
 **Units.** ``id_prompts`` (the ID suite's harmful prompts; ``knowledge`` uses the completion suite, the same
 requests in the same order), ``ood_prompts`` (roleplay, cipher, completion, suite-major), ``benign_prompts``,
-``utility_items``, ``probe_items`` (one per test request, at the concept-naming position) and
-``synthetic_items``; every arm sees the same
-items in the same order.
+``utility_items`` (distinct held-out addition chains, never in pretraining or alignment), ``probe_items`` (one per
+test request, at the concept-naming position) and ``synthetic_items``; every arm sees the same items in the same
+order. Each unit's id is the hash of the text the model reads (:func:`~icml26.coca.data.text_id`: prompt plus any
+pre-filled opening; a synthetic row: the hash of its features); ``held_out`` records the ids of the same kind the
+run trained or tuned on: the alignment prompts (train) and validation prompts (the learning-rate choice) for the
+safety units, the pretraining and alignment chains for the utility items, the probes' fitting requests and rows
+for the probe and synthetic items. Pretraining answers every request under every wrapper (the base must know the
+harmful content, as a pretrained LLM does); what is held out is the alignment, as in the paper.
 
 Example:
     >>> from icml26.coca.data import World
@@ -52,6 +57,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +83,7 @@ from .data import (
     ROLEPLAY_WRAPPERS,
     World,
     request_of,
+    text_id,
 )
 from .evaluation import SafetyEval, SafetyReport
 from .intervention import (
@@ -161,7 +168,7 @@ def base_model(cfg: Config) -> tuple[Any, Any]:
     """The pretrained base (cached by everything that determines it)."""
     world = World(cfg.lab_seed)
     key = {"lab": "coca", "seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
-           "steps": cfg.pretrain_steps, "lr": cfg.pretrain_lr, "world_version": 1,
+           "steps": cfg.pretrain_steps, "lr": cfg.pretrain_lr, "world_version": 2,
            "world": [CREATE_VERBS, DESTROY_VERBS, DANGEROUS, PROTECTED, sorted(CONCEPTS.items()), ID_WRAPPERS,
                      ROLEPLAY_WRAPPERS, IMPOSSIBLE, REFUSAL, COCA_TEMPLATE]}
 
@@ -196,10 +203,7 @@ def alignment_data(world: World, cfg: Config, arm: str, split: str = "train") ->
                                   concept_fn, template=COCA_TEMPLATE) for e in examples]
     prompts = [str(e["prompt"]) for e in examples]
     completions = [str(e["response"]) for e in examples]
-    task = AdditionChain(terms=3, max_value=9)
-    rng = np.random.default_rng([cfg.lab_seed, 38])
-    for _ in range(cfg.n_utility_align):
-        ex = task.sample(rng)
+    for ex in world.training_chains(cfg.n_utility_align, np.random.default_rng([cfg.lab_seed, 38])):
         prompts.append(ex.prompt)
         completions.append(ex.completion)
     return prompts, completions
@@ -390,6 +394,17 @@ def probe_layers(base: Any, tok: Any, world: World, cfg: Config, test_prompts: l
     return out
 
 
+def row_id(x: np.ndarray) -> str:
+    """A synthetic row's id: the first 12 hex digits of the SHA-1 of its float64 features."""
+    return hashlib.sha1(np.ascontiguousarray(x, dtype=np.float64).tobytes()).hexdigest()[:12]
+
+
+def synthetic_ids(cfg: Config) -> tuple[list[str], list[str]]:
+    """(scored rows' ids, fitting rows' ids) of the synthetic dichotomy (:func:`row_id`)."""
+    data = synthetic_concepts(cfg.synthetic_n, cfg.synthetic_dim, seed=cfg.seed)
+    return [row_id(data["X"][i]) for i in data["test"]], [row_id(data["X"][i]) for i in data["train"]]
+
+
 def synthetic_block(cfg: Config) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, float]]]:
     """The synthetic dichotomy, per scored row: arms ``synthetic_linear`` / ``synthetic_xor`` with
     ``{linear,mlp}_{before,after}``."""
@@ -422,6 +437,42 @@ def arms_of(cfg: Config) -> list[str]:
     if cfg.controls:
         arms += ["coca_constant", "standard_ft"]
     return arms
+
+
+def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_prompts: list[str]
+             ) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
+    """``(unit_ids, held_out)`` of one seed's units (see the module docstring): what each unit is, and the ids of
+    the same kind the run trained on (``"train"``) or chose its learning rate on (``"validation"``)."""
+    def item_text(it: Any) -> str:
+        return it.prompt + it.prefill
+
+    align = {split: sorted({text_id(str(e["prompt"])) for e in world.alignment_examples(split)})
+             for split in ("train", "val")}
+    safety = {"train": align["train"], "validation": align["val"]}
+    every_chain = set(world.chains["train"]) | set(world.chains["test"])
+    chains = set(world.pretraining_corpus()[0]) & every_chain  # the chains the base was pretrained on
+    chains |= {ex.prompt for ex in world.training_chains(cfg.n_utility_align,
+                                                         np.random.default_rng([cfg.lab_seed, 38]))}
+    fit_reqs = world.split["train"] + world.split["val"]
+    syn_test, syn_fit = synthetic_ids(cfg)
+    ids = {
+        "id_prompts": [item_text(it) for it in items["id"]],
+        "ood_prompts": [item_text(it) for s in OOD_SUITES for it in items[s]],
+        "benign_prompts": [item_text(it) for it in items["benign"]],
+        "utility_items": list(utility_prompts),
+        "probe_items": [naming_prompt(r) for r in world.split["test"]],
+    }
+    out = {unit: [text_id(t) for t in texts] for unit, texts in ids.items()}
+    out["synthetic_items"] = syn_test
+    held = {
+        "id_prompts": safety,
+        "ood_prompts": safety,
+        "benign_prompts": safety,
+        "utility_items": {"train": sorted(text_id(c) for c in chains), "validation": []},
+        "probe_items": {"train": sorted(text_id(naming_prompt(r)) for r in fit_reqs), "validation": []},
+        "synthetic_items": {"train": syn_fit, "validation": []},
+    }
+    return out, held
 
 
 def run(cfg: Config) -> SeedRun:
@@ -481,7 +532,8 @@ def run(cfg: Config) -> SeedRun:
             "every layer: none.naming_*_probe_layer*; the plain chat's decision position: "
             "none.decision_*_probe_layer*)"),
     }
-    return SeedRun(scalars, series={"samples": samples}, notes=notes, units=units)
+    ids, held_out = unit_ids(world, cfg, items, utility_prompts)
+    return SeedRun(scalars, series={"samples": samples}, notes=notes, units=units, unit_ids=ids, held_out=held_out)
 
 
 # -------------------------------------------------------------------------------------------------------- plot

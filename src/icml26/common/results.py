@@ -214,9 +214,11 @@ def aggregate_ids(runs: Sequence[SeedRun]) -> tuple[dict[str, list[list[str]]], 
 
 
 def validate_result(data: Mapping[str, Any]) -> None:
-    """Raise ``ResultSchemaError`` unless ``data`` follows the result schema."""
+    """Raise ``ResultSchemaError`` unless ``data`` follows the result schema (``null`` counts as NaN in the
+    numeric fields, as strict JSON writes it)."""
     if not isinstance(data, Mapping):
         raise ResultSchemaError("result must be a JSON object")
+    data = _null_to_nan(data)
     missing = [k for k in SCHEMA_KEYS if k not in data]
     if missing:
         raise ResultSchemaError(f"result is missing keys {missing}")

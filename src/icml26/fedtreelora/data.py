@@ -165,13 +165,20 @@ def pretrain_corpus(letters: str, length: int, rng: np.random.Generator, n: int)
 class ClientData:
     """One client's tokenised splits (fixed-length prompts, 0/1 labels) and its planted rule.
 
-    ``train`` / ``val`` / ``test``: ``(input_ids int64 array (n, T), labels int64 array (n,))``.
+    ``train`` / ``val`` / ``test``: ``(input_ids int64 array (n, T), labels int64 array (n,))``; ``texts``: the
+    prompts of each split (``{"train": [...], ...}``, in the same order; empty where the data came without them).
     """
 
     spec: ClientSpec
     train: tuple[np.ndarray, np.ndarray]
     val: tuple[np.ndarray, np.ndarray]
     test: tuple[np.ndarray, np.ndarray]
+    texts: dict[str, list[str]] = field(default_factory=dict)
+
+    def item_ids(self, split: str) -> list[str]:
+        """What each item of ``split`` is: ``c<client>/<prompt>`` (the label follows from the client's rule), the
+        same id in every split and seed where the client meets the same prompt."""
+        return [f"c{self.cid}/{t}" for t in self.texts[split]]
 
     @property
     def cid(self) -> int:
@@ -190,17 +197,37 @@ def encode(tokenizer: Any, strings: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+#: draws of one validation or test item before ``make_clients`` gives up finding a prompt outside the earlier splits
+MAX_REDRAWS = 1000
+
+
 def make_clients(world: World, tokenizer: Any, *, n_train: int, n_val: int, n_test: int, seed: int
                  ) -> list[ClientData]:
-    """Every client's train / validation / test splits, drawn with ``seed`` (disjoint draws per client)."""
+    """Every client's train / validation / test splits, drawn with ``seed`` (disjoint draws per client).
+
+    The splits are disjoint as sets of prompts: a validation or test prompt that an earlier split of the client
+    already holds is drawn again (the prompt space is large, so this is rare: none in seeds 0-2 and 100-104, whose
+    draws it leaves unchanged), so no test item is one the client trained or tuned on.
+    """
     if min(n_train, n_val, n_test) < 1:
         raise ValueError(f"every split needs at least one example, got {n_train}, {n_val}, {n_test}")
     out = []
     for spec in world.clients:
         rng = np.random.default_rng([seed, spec.cid, 17])
-        splits = []
-        for n in (n_train, n_val, n_test):
+        splits, texts = [], {}
+        seen: set[str] = set()
+        for name, n in (("train", n_train), ("val", n_val), ("test", n_test)):
             s, y = world.sample(spec, rng, n)
+            for i in range(n):
+                for _ in range(MAX_REDRAWS):
+                    if s[i] not in seen:
+                        break
+                    (s[i],), (y[i],) = world.sample(spec, rng, 1)  # an earlier split's prompt: draw it again
+                else:
+                    raise ValueError(f"client {spec.cid}: no {name} prompt outside the earlier splits in "
+                                     f"{MAX_REDRAWS} draws; the world has too few distinct prompts for these splits")
+            seen.update(s)
             splits.append((encode(tokenizer, s), y))
-        out.append(ClientData(spec, *splits))
+            texts[name] = s
+        out.append(ClientData(spec, *splits, texts=texts))
     return out

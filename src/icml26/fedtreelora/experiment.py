@@ -16,7 +16,13 @@
    and ``majority`` predictors. Each arm's learning rate is chosen from ``lr_grid`` by its mean validation
    accuracy (the test split is never consulted); clients train in one batched forward pass
    (``core.run_batched``, the same protocol as the federation harness's in-process runner).
-5. **Metrics**: personalised accuracy per (client, test item) (``items``: the paired units of the checks), the
+5. **Units and ids**: ``items`` are (client, test item) pairs, in client order, the same for every arm; an item's
+   id is ``c<client>/<prompt>`` (``ClientData.item_ids``: the label follows from the client's rule), so a prompt a
+   client meets again is the same unit, and ``held_out`` lists, in the same ids, every client's training items
+   and its validation items (which choose each arm's learning rate); the splits are drawn disjoint
+   (``data.make_clients``). The base's public pretraining corpus (count queries on the same kind of strings,
+   another task and no client) is not a split of these units.
+6. **Metrics**: personalised accuracy per (client, test item) (``items``: the paired units of the checks), the
    worst client's accuracy, the chosen cluster count per layer and its gap between deep and shallow layers, the
    adjusted Rand index of the recovered tree against the planted one, trainable parameters per client, and
    bytes communicated per round (both directions, all clients).
@@ -334,7 +340,11 @@ def run(cfg: Config) -> SeedRun:
         if arm in GATED:
             m["mean_gate"] = best["mix"]
         metrics[arm] = m
-    return SeedRun(metrics, series=series, notes=notes, units={"items": items})
+    unit_ids = {"items": [i for c in clients for i in c.item_ids("test")]}
+    held_out = {"items": {"train": [i for c in clients for i in c.item_ids("train")],
+                          "validation": [i for c in clients for i in c.item_ids("val")]}}
+    return SeedRun(metrics, series=series, notes=notes, units={"items": items}, unit_ids=unit_ids,
+                   held_out=held_out)
 
 
 # ------------------------------------------------------------------------------------------------------ plots

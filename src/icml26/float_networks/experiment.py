@@ -36,6 +36,11 @@ in the order format by format; 0/1 each, pooled over seeds by the claims):
 - on the 1-D domains only, paired with the baselines: ``construct_relu.exact_value_1d`` / ``exact_grad_1d``,
   ``sobolev.exact_value`` and ``naive.exact_grad``.
 
+**Unit ids** (:func:`point_ids`): seed, format, dimension and coordinates; the seed draws the targets, so no point
+is the same unit on two seeds. Given only when every metric lists every point (not with the 2-D grids of the
+full preset, whose 1-D-only metrics list fewer). No held-out set: a construction (and the Sobolev baseline, which
+is asked to represent the targets at these very points) is evaluated on the points it is built from by design.
+
 Example:
     >>> import dataclasses
     >>> from icml26.float_networks.experiment import PRESETS, run
@@ -162,6 +167,19 @@ def _point_ok(exact: torch.Tensor) -> list[float]:
     return exact.reshape(exact.shape[0], -1).all(dim=1).double().tolist()
 
 
+def point_ids(fmt: str, dim: int, pts: torch.Tensor, seed: int) -> list[str]:
+    """What each unit of ``points`` is: the seed, the format, the dimension and the point's coordinates.
+
+    The seed is part of the id because it draws the point's targets (and the float32 domain): the float16 and
+    bfloat16 grids repeat on every seed, but with other targets, so a grid point of another seed is another unit.
+
+    Example:
+        >>> point_ids("float16", 1, torch.tensor([-0.5, 0.25], dtype=torch.float64), 3)
+        ['s3:float16:1d:-0.5', 's3:float16:1d:0.25']
+    """
+    return [f"s{seed}:{fmt}:{dim}d:" + ",".join(repr(float(x)) for x in p.reshape(-1)) for p in pts]
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: every construction, format and phi, and the two baselines, verified point by point."""
     unknown = set(cfg.activations) - set(ACTIVATIONS)
@@ -231,7 +249,12 @@ def run(cfg: Config) -> SeedRun:
         points.setdefault("sobolev", {}).setdefault("exact_value", []).extend(_point_ok(r.exact_value))
     metrics["naive"] = _summary(naive)
     metrics["sobolev"] = _summary(sob)
-    return SeedRun(metrics, series={"per_format": curves}, units={"points": points})
+    ids = [u for fmt, dim, pts, _, _ in cases for u in point_ids(fmt, dim, pts, cfg.seed)]
+    # SeedRun.unit_ids holds one id list per unit: with the 2-D grids (full) the 1-D-only metrics (the baselines'
+    # pairs) list fewer points than the others, so the ids can be given only without them (README, Deviations)
+    same = all(len(v) == len(ids) for ms in points.values() for v in ms.values())
+    return SeedRun(metrics, series={"per_format": curves}, units={"points": points},
+                   unit_ids={"points": ids} if same else {})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

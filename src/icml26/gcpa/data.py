@@ -22,7 +22,8 @@ Example:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,6 +42,10 @@ class MultiViewData:
     test: list[np.ndarray]
     y_train: np.ndarray
     y_test: np.ndarray
+    train_ids: list[str] = field(default_factory=list)
+    """what each training item (anchor) is: its row in the bundled data set, or the sentence's text hash"""
+    test_ids: list[str] = field(default_factory=list)
+    """what each held-out item is (same scheme: the same item has the same id on every seed)"""
 
 
 class _Net(nn.Module):
@@ -154,9 +159,26 @@ def train_classifier(
     return net.body.eval()
 
 
+def digits_rows(seed: int, test_size: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of sklearn's digits in ``common.datasets.digits(seed)``'s train and test splits (the same seeded
+    stratified shuffle, applied to the row numbers)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    y = load_digits().target
+    tr, te = train_test_split(np.arange(len(y)), test_size=test_size, random_state=seed, stratify=y)
+    return tr, te
+
+
+def text_id(sentence: str) -> str:
+    """A sentence's id: a hash of its text (the same sentence is the same item wherever it appears)."""
+    return "text:" + hashlib.sha1(sentence.encode()).hexdigest()[:12]
+
+
 def digits_views(seed: int, steps: int = 300) -> MultiViewData:
     """Five networks trained on the digits train split; embeddings of train and test items."""
     split = digits(seed=seed)
+    rows_tr, rows_te = digits_rows(seed)
     rng = np.random.default_rng(seed)
     names, train, test = [], [], []
     for j, (name, (view, width, make)) in enumerate(_digit_models().items()):
@@ -176,7 +198,8 @@ def digits_views(seed: int, steps: int = 300) -> MultiViewData:
             train.append(body(Xtr).double().numpy())
             test.append(body(Xte).double().numpy())
         names.append(name)
-    return MultiViewData("digits", names, train, test, split.y_train, split.y_test)
+    return MultiViewData("digits", names, train, test, split.y_train, split.y_test,
+                         [f"digits:row{i}" for i in rows_tr], [f"digits:row{i}" for i in rows_te])
 
 
 def _mlp_hidden(mlp, X: np.ndarray) -> np.ndarray:
@@ -209,7 +232,9 @@ def tabular_views(seed: int, *, test_size: float = 0.3, max_iter: int = 400) -> 
 
     data = load_breast_cancer()
     X, y = data.data.astype(np.float64), data.target.astype(np.int64)
-    X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=test_size, random_state=seed, stratify=y)
+    X_tr, X_te, y_tr, y_te, rows_tr, rows_te = train_test_split(
+        X, y, np.arange(len(y)), test_size=test_size, random_state=seed, stratify=y
+    )
     mean, std = X_tr.mean(0), X_tr.std(0)
     std[std == 0] = 1.0
     X_tr, X_te = (X_tr - mean) / std, (X_te - mean) / std
@@ -243,7 +268,8 @@ def tabular_views(seed: int, *, test_size: float = 0.3, max_iter: int = 400) -> 
     names.append("rbf_nystroem")
     train.append(rbf.transform(X_tr))
     test.append(rbf.transform(X_te))
-    return MultiViewData("tabular", names, train, test, y_tr, y_te)
+    return MultiViewData("tabular", names, train, test, y_tr, y_te, [f"breast_cancer:row{i}" for i in rows_tr],
+                         [f"breast_cancer:row{i}" for i in rows_te])
 
 
 @functools.lru_cache(maxsize=4)
@@ -324,4 +350,5 @@ def text_views(
         names.append("bow_mlp")
         train.append(body(B_tr).double().numpy())
         test.append(body(B_te).double().numpy())
-    return MultiViewData("text", names, train, test, labels[idx_tr], labels[idx_te])
+    return MultiViewData("text", names, train, test, labels[idx_tr], labels[idx_te], [text_id(t) for t in s_tr],
+                         [text_id(t) for t in s_te])

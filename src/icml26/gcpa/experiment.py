@@ -123,10 +123,7 @@ def validation_recall(
     The anchors are split once (seeded); each value is fitted on the rest and scored on the held-out anchors;
     the best value wins (the first of the grid on ties). Returns ``(chosen, {value: validation Recall@1})``.
     """
-    n = train[0].shape[0]
-    perm = np.random.default_rng([seed, 7]).permutation(n)
-    n_val = max(2, round(fraction * n))
-    val, fit = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    val, fit = validation_split(train[0].shape[0], fraction, seed)
     scores = {}
     base = None
     for value in grid:
@@ -140,6 +137,31 @@ def validation_recall(
         scores[value] = float(np.mean(any_to_any_ranks(model, [X[val] for X in train]) < 1))
     best = max(grid, key=lambda v: (scores[v], -grid.index(v)))
     return best, scores
+
+
+def validation_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The anchors (positions among the ``n`` training items) held out to choose a regulariser, and the rest.
+
+    Example:
+        >>> val, fit = validation_split(10, 0.2, 0)
+        >>> len(val), len(fit), sorted([*val, *fit]) == list(range(10))
+        (2, 8, True)
+    """
+    perm = np.random.default_rng([seed, 7]).permutation(n)
+    n_val = max(2, round(fraction * n))
+    return np.sort(perm[:n_val]), np.sort(perm[n_val:])
+
+
+def item_ids(data: MultiViewData, cfg: Config) -> tuple[list[str], dict[str, list[str]]]:
+    """``(test ids, {"train": ids, "validation": ids})`` of one model set, in ``evaluate``'s item order.
+
+    An item is a row of the bundled data set (digits, breast cancer) or a sentence (its text hash): the sets are
+    fixed pools the seed splits anew, so an item held out on several seeds keeps its id. ``train`` are the anchors
+    every arm is fitted on (and the embedding models trained on); ``validation`` the anchors the tuned arms choose
+    their regulariser on (a subset of ``train``).
+    """
+    val, _ = validation_split(len(data.train_ids), cfg.validation_fraction, cfg.seed)
+    return list(data.test_ids), {"train": list(data.train_ids), "validation": [data.train_ids[i] for i in val]}
 
 
 def _with_reg(model: GCPA, train: list[np.ndarray], c: float) -> GCPA:
@@ -270,8 +292,13 @@ def run(cfg: Config) -> SeedRun:
             f"datasets must be a non-empty subset of {sorted(builders)}, got {list(cfg.datasets)}"
         )
     sweep: dict[str, Any] = {}
+    ids: dict[str, list[str]] = {}
+    held_out: dict[str, list[str]] = {"train": [], "validation": []}
     for name in progress([d for d in DATASETS if d in cfg.datasets], desc=f"gcpa seed {cfg.seed}"):
         data, k = builders[name]()
+        ids[name], held = item_ids(data, cfg)
+        for split, h in held.items():
+            held_out[split] += h
         values, per_item = evaluate(data, k, cfg)
         for arm, ms in values.items():
             metrics.setdefault(arm, {}).update(ms)
@@ -289,7 +316,14 @@ def run(cfg: Config) -> SeedRun:
     )
     notes = {cid: note for cid in ("tradeoff_retrieval", "retrieval_vs_cca")}
     notes.update({f"retrieval_{d}": note for d in cfg.datasets})
-    return SeedRun(metrics, units={"items": items}, series={"gamma_sweep": sweep}, notes=notes)
+    # the ids of every per-item metric: each model set's items, and all of them for the pooled all_* metrics.
+    # SeedRun.unit_ids holds one id list per unit, and the metrics of ``items`` list different items (one model
+    # set or all three), so the ids are kept here until a result can hold ids per metric (README, Deviations)
+    by_metric = {f"{d}_{w}": ids[d] for d in ids for w in ("recall_at_1", "stitching_accuracy")}
+    by_metric.update({f"all_{w}": [u for d in DATASETS if d in ids for u in ids[d]]
+                      for w in ("recall_at_1", "stitching_accuracy")})
+    series = {"gamma_sweep": sweep, "unit_ids": {"items": by_metric}, "held_out": {"items": held_out}}
+    return SeedRun(metrics, units={"items": items}, series=series, notes=notes)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

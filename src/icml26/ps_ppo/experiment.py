@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ def lab_model(cfg: Config) -> tuple[Any, Any]:
     def build() -> tuple[Any, Any]:
         tok = char_tokenizer()
         rng = np.random.default_rng(cfg.lab_seed)
-        examples = [task.sample(rng) for _ in range(3000)]
+        examples = sft_examples(task, rng)
         comps = [task.noisy_completion(e, rng, cfg.sft_noise) for e in examples]
         model = tiny_causal_lm(
             len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
@@ -172,6 +173,82 @@ def lab_model(cfg: Config) -> tuple[Any, Any]:
 
     model, tok = cached(key, build)
     return model.eval(), tok
+
+
+#: SFT examples of the warm start
+SFT_EXAMPLES = 3000
+
+
+def sft_examples(task: AdditionChain, rng: np.random.Generator) -> list[Any]:
+    """The warm start's SFT examples: the first ``SFT_EXAMPLES`` draws of the lab seed's generator."""
+    return [task.sample(rng) for _ in range(SFT_EXAMPLES)]
+
+
+def rl_prompts(cfg: Config, task: AdditionChain) -> list[list[str]]:
+    """The prompts of each RL iteration (every arm and learning rate sees the same): ``prompts_per_iteration``
+    draws per iteration from the seed's prompt generator."""
+    rng = np.random.default_rng(60_000 + cfg.seed)
+    return [[task.sample(rng).prompt for _ in range(cfg.prompts_per_iteration)] for _ in range(cfg.iterations)]
+
+
+def prompt_id(prompt: str) -> str:
+    """What a prompt is: a hash of its text (the same chain has the same id in every seed and split)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:12]
+
+
+@dataclass
+class PromptSets:
+    """One seed's prompts: test and validation (held out), and what the policies trained on."""
+
+    test: list[str]
+    validation: list[str]
+    rl: list[list[str]]
+    """per RL iteration"""
+    sft: list[str]
+    """the warm start's SFT prompts (lab seed)"""
+
+
+def prompt_sets(cfg: Config, task: AdditionChain) -> PromptSets:
+    """The seed's prompt sets. Test prompts are drawn from the seed's test generator skipping any chain the SFT
+    start or the RL updates trained on or the validation prompts pick the learning rate on, so the test set is
+    disjoint from them by construction (at these sizes a skip is rare: the chains number 10^7)."""
+    sft = [e.prompt for e in sft_examples(task, np.random.default_rng(cfg.lab_seed))]
+    rl = rl_prompts(cfg, task)
+    val_rng = np.random.default_rng(80_000 + cfg.seed)
+    validation = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
+    excluded = {*sft, *(q for it in rl for q in it), *validation}
+    eval_rng = np.random.default_rng(50_000 + cfg.seed)
+    test: list[str] = []
+    while len(test) < cfg.eval_prompts:
+        prompt = task.sample(eval_rng).prompt
+        if prompt not in excluded:
+            test.append(prompt)
+    return PromptSets(test, validation, rl, sft)
+
+
+def unbiasedness_batch(cfg: Config, task: AdditionChain) -> list[str]:
+    """The six prompts of the unbiasedness check's fixed batch (the seed's own generator)."""
+    rng = np.random.default_rng(70_000 + cfg.seed)
+    return [task.sample(rng).prompt for _ in range(6)]
+
+
+def unit_ids(cfg: Config, task: AdditionChain, sets: PromptSets
+             ) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
+    """``(SeedRun.unit_ids, SeedRun.held_out)``.
+
+    ``prompts``: ``prompt_id`` of each test prompt; trained on: the SFT prompts and every RL iteration's, validated
+    on: the validation prompts. ``updates``: a hash of the iteration's prompts (update i of every arm). ``replications``:
+    a hash of the unbiasedness batch and the replication's draw seed (what the Monte Carlo replication is).
+    """
+    batch = "|".join(unbiasedness_batch(cfg, task))
+    ids = {
+        "prompts": [prompt_id(q) for q in sets.test],
+        "updates": [prompt_id("|".join(it)) for it in sets.rl],
+        "replications": [prompt_id(f"{batch}#{seed}") for seed in replication_seeds(cfg)],
+    }
+    held = {"prompts": {"train": sorted({prompt_id(q) for q in [*sets.sft, *(q for it in sets.rl for q in it)]}),
+                        "validation": [prompt_id(q) for q in sets.validation]}}
+    return ids, held
 
 
 def make_law(arm: str) -> Any:
@@ -360,7 +437,8 @@ def _greedy_correct(
 
 
 def _train(
-    arm: str, lr: float, pi0: Any, tok: Any, task: AdditionChain, cfg: Config, budget_tokens: float | None
+    arm: str, lr: float, pi0: Any, tok: Any, task: AdditionChain, cfg: Config, budget_tokens: float | None,
+    iteration_prompts: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """One RL arm at one learning rate: per-update records, curve snapshots and the within-budget snapshot."""
     torch.manual_seed(cfg.seed)
@@ -368,7 +446,7 @@ def _train(
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     law = make_law(arm)
     cut_gen = torch.Generator().manual_seed(1000 + cfg.seed)
-    prompt_rng = np.random.default_rng(60_000 + cfg.seed)
+    iteration_prompts = rl_prompts(cfg, task) if iteration_prompts is None else iteration_prompts
     per_update: dict[str, list[float]] = {
         k: []
         for k in (
@@ -388,8 +466,7 @@ def _train(
     budget_state = None
     tokens = cpu = 0.0
     for it in range(cfg.iterations):
-        examples = [task.sample(prompt_rng) for _ in range(cfg.prompts_per_iteration)]
-        prompts = [e.prompt for e in examples for _ in range(cfg.group)]
+        prompts = [q for q in iteration_prompts[it] for _ in range(cfg.group)]
         completions = generate(
             policy,
             tok,
@@ -451,10 +528,8 @@ def run(cfg: Config) -> SeedRun:
         raise ValueError("ppo_epochs, micro_batches and curve_points must be >= 1")
     pi0, tok = lab_model(cfg)
     task = AdditionChain(cfg.terms, 9)
-    eval_rng = np.random.default_rng(50_000 + cfg.seed)
-    test_prompts = [task.sample(eval_rng).prompt for _ in range(cfg.eval_prompts)]
-    val_rng = np.random.default_rng(80_000 + cfg.seed)
-    val_prompts = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
+    sets = prompt_sets(cfg, task)
+    test_prompts, val_prompts = sets.test, sets.validation
     prompt_units: dict[str, dict[str, list[float]]] = {
         "sft": {"accuracy": _greedy_correct(pi0, tok, task, test_prompts, cfg)}
     }
@@ -466,7 +541,7 @@ def run(cfg: Config) -> SeedRun:
     for arm in progress(cfg.arms, desc=f"ps_ppo seed {cfg.seed}"):
         best, best_val = None, -1.0
         for lr in cfg.lrs:
-            trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None)
+            trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None, sets.rl)
             val = float(np.mean(_greedy_correct(trained["policy"], tok, task, val_prompts, cfg)))
             if val > best_val:  # ties keep the earlier (smaller) learning rate
                 best, best_val, chosen_lr[arm] = trained, val, lr
@@ -490,8 +565,7 @@ def run(cfg: Config) -> SeedRun:
         curves[arm] = [*curve, (tokens, cpu, best_val)]
     # the unbiasedness check, on the SFT start and a fixed batch of its own rollouts; one unit per independent
     # sequence of cutoff draws (a replication of the Monte Carlo experiment)
-    rng = np.random.default_rng(70_000 + cfg.seed)
-    prompts = [task.sample(rng).prompt for _ in range(6)]
+    prompts = unbiasedness_batch(cfg, task)
     completions = generate(
         pi0, tok, prompts, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed
     )
@@ -518,8 +592,10 @@ def run(cfg: Config) -> SeedRun:
         ]
     units = {"prompts": prompt_units, "updates": update_units, "replications": {"ps_ppo": replications}}
     medians = {arm: float(np.median(m["peak_activation_mb"])) for arm, m in update_units.items()}
+    ids, held_out = unit_ids(cfg, task, sets)
     return SeedRun(
-        {}, series={"curves": curves, "chosen_lr": chosen_lr, "median_peak_mb": medians}, units=units
+        {}, series={"curves": curves, "chosen_lr": chosen_lr, "median_peak_mb": medians}, units=units,
+        unit_ids=ids, held_out=held_out,
     )
 
 

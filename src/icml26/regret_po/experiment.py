@@ -1,13 +1,20 @@
 """Reproduction of RePO: preference pairs from behaviour policies of different skill, labelled by regret.
 
+**Held-out prompts.** The 1,000 three-term chains of 0..9 are split once per ``lab_seed`` (``chain_pools``) into
+three disjoint pools: ``test_pool`` chains (600) for testing, ``val_pool`` chains (150) for validation and the
+rest (250) for training. Everything any model trains on (the lab models' SFT data, the preference pairs) comes from
+the training pool; each seed draws its validation prompts and its test prompts *without replacement* from their
+pools (``seed_prompts``), so a seed's test prompts are distinct and none is a training or validation prompt. The
+result records each test prompt's id (``prompt_id``: its text hash) and the ids it trained and tuned on.
+
 The tiny-LM lab (``icml26.common.tiny_lm``) trains, once per ``lab_seed`` and cached, three character-level
-Llamas on 3-term addition chains with a scratchpad (``3+5+2=`` -> ``3+5=8;8+2=10``):
+Llamas on 3-term addition chains of the training pool with a scratchpad (``3+5+2=`` -> ``3+5=8;8+2=10``):
 
 - the starting policy pi_0 (SFT on traces with 30 % corrupted steps), also the reference;
 - a strong behaviour policy mu_s (5 % corrupted steps, longer SFT) and a weak one mu_w (60 %).
 
-On each seed, for ``n_pairs`` fresh prompts, mu_s and mu_w each sample a response (temperature 1) whose
-per-token log-probs and top-k tokens are recorded; the pair is labelled by a Bradley-Terry draw on the **oracle
+On each seed, for ``n_pairs`` prompts drawn from the training pool, mu_s and mu_w each sample a response
+(temperature 1) whose per-token log-probs and top-k tokens are recorded; the pair is labelled by a Bradley-Terry draw on the **oracle
 regret** (the share of wrong scratchpad steps, exact here because the optimal continuation is known), not on the
 realised outcome; ties are dropped. Every arm (``ARMS``: the NLL term alone, DPO, RPO = DPO + NLL, IPO and SimPO
 with and without the NLL term, RePO / RePO_det / RePO-top-k with and without it) trains pi_0 through
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +82,10 @@ ARM_SPECS: dict[str, tuple[str, str, float, float]] = {
 ARMS = tuple(ARM_SPECS)
 #: the RePO variants (with the NLL term) among which ``repo_best`` is chosen on the validation prompts
 REPO_VARIANTS = ("repo", "repo_det", "repo_topk")
+#: the lab models, in the order of ``Config.sft_steps`` / ``Config.sft_noise``
+LAB_ROLES = ("pi0", "mu_strong", "mu_weak")
+#: SFT examples of each lab model (drawn with replacement from the training pool)
+LAB_SFT_EXAMPLES = 3000
 
 
 @dataclass
@@ -109,9 +122,13 @@ class Config:
     """multipliers of each arm's standard beta (DPO/RPO/IPO 0.1, SimPO 2, RePO's alpha 0.1) tried for every arm
     that has one; the NLL-only arm has none"""
     val_prompts: int = 100
-    """validation prompts (disjoint from the test prompts) on which each arm's grid point is chosen"""
+    """validation prompts (distinct, drawn from the validation pool) on which each arm's grid point is chosen"""
     eval_prompts: int = 300
-    """held-out test prompts for greedy accuracy"""
+    """held-out test prompts for greedy accuracy (distinct, drawn from the test pool)"""
+    test_pool: int = 600
+    """chains held out for testing, fixed per ``lab_seed`` (never trained or tuned on)"""
+    val_pool: int = 150
+    """chains held out for validation, fixed per ``lab_seed``; the remaining chains are the training pool"""
 
 
 PRESETS: dict[str, Config] = {
@@ -126,11 +143,66 @@ PRESETS: dict[str, Config] = {
 }
 
 
+def prompt_id(prompt: str) -> str:
+    """A prompt's id: the first 12 hex digits of the SHA-1 of its text (the same chain, the same id)."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:12]
+
+
+def chain_pools(cfg: Config) -> dict[str, list[str]]:
+    """Every chain of ``cfg.terms`` terms in 0..``cfg.max_value``, split once per ``lab_seed`` into disjoint pools:
+    ``"test"`` (``test_pool`` chains), ``"validation"`` (``val_pool``) and ``"train"`` (the rest).
+
+    Raises:
+        ValueError: the held-out pools leave no training chains.
+    """
+    space = ["+".join(map(str, v)) + "=" for v in itertools.product(range(cfg.max_value + 1), repeat=cfg.terms)]
+    if cfg.test_pool < 1 or cfg.val_pool < 1 or cfg.test_pool + cfg.val_pool >= len(space):
+        raise ValueError(f"test_pool ({cfg.test_pool}) and val_pool ({cfg.val_pool}) must be positive and leave "
+                         f"training chains among the {len(space)}")
+    order = np.random.default_rng([cfg.lab_seed, 24]).permutation(len(space))
+    test, val = order[: cfg.test_pool], order[cfg.test_pool : cfg.test_pool + cfg.val_pool]
+    train = order[cfg.test_pool + cfg.val_pool :]
+    return {"train": [space[i] for i in train], "validation": [space[i] for i in val], "test": [space[i] for i in test]}
+
+
+def sft_data(cfg: Config, role: str) -> tuple[list[str], list[str]]:
+    """(prompts, noisy completions) a lab model (``LAB_ROLES``) is SFT'd on: chains of the training pool."""
+    task = AdditionChain(cfg.terms, cfg.max_value)
+    noise = cfg.sft_noise[LAB_ROLES.index(role)]
+    pool = chain_pools(cfg)["train"]
+    rng = np.random.default_rng([cfg.lab_seed, len(role)])
+    examples = [task.solve(pool[i]) for i in rng.integers(0, len(pool), size=LAB_SFT_EXAMPLES)]
+    return [e.prompt for e in examples], [task.noisy_completion(e, rng, noise) for e in examples]
+
+
+def seed_prompts(cfg: Config) -> dict[str, list[str]]:
+    """One seed's prompts: ``"pairs"`` (``n_pairs``, drawn with replacement from the training pool),
+    ``"validation"`` (``val_prompts``) and ``"test"`` (``eval_prompts``), each drawn without replacement from its
+    held-out pool.
+
+    Raises:
+        ValueError: more validation or test prompts than their pool holds.
+    """
+    pools = chain_pools(cfg)
+    if not 1 <= cfg.eval_prompts <= len(pools["test"]) or not 1 <= cfg.val_prompts <= len(pools["validation"]):
+        raise ValueError(f"eval_prompts ({cfg.eval_prompts}) and val_prompts ({cfg.val_prompts}) must be in "
+                         f"[1, test_pool = {cfg.test_pool}] and [1, val_pool = {cfg.val_pool}]")
+    pairs = np.random.default_rng([cfg.seed, 1]).integers(0, len(pools["train"]), size=cfg.n_pairs)
+    val = np.random.default_rng([cfg.seed, 2]).choice(len(pools["validation"]), cfg.val_prompts, replace=False)
+    test = np.random.default_rng([cfg.seed, 3]).choice(len(pools["test"]), cfg.eval_prompts, replace=False)
+    return {
+        "pairs": [pools["train"][i] for i in pairs],
+        "validation": [pools["validation"][i] for i in val],
+        "test": [pools["test"][i] for i in test],
+    }
+
+
 def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
-    """(tokenizer, pi_0, mu_s, mu_w): SFT'd on noisy traces; cached by everything that determines them."""
+    """(tokenizer, pi_0, mu_s, mu_w): SFT'd on noisy traces of the training pool (``sft_data``); cached by
+    everything that determines them."""
     task = AdditionChain(cfg.terms, cfg.max_value)
     models = []
-    for role, steps, noise in zip(("pi0", "mu_strong", "mu_weak"), cfg.sft_steps, cfg.sft_noise, strict=True):
+    for role, steps, noise in zip(LAB_ROLES, cfg.sft_steps, cfg.sft_noise, strict=True):
         key = {
             "paper": "regret_po",
             "role": role,
@@ -139,25 +211,16 @@ def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
             "noise": noise,
             "hidden": cfg.hidden,
             "seed": cfg.lab_seed,
+            "pools": ["train pool only", cfg.test_pool, cfg.val_pool, LAB_SFT_EXAMPLES],
         }
 
-        def build(steps: int = steps, noise: float = noise, role: str = role) -> tuple[Any, Any]:
+        def build(steps: int = steps, role: str = role) -> tuple[Any, Any]:
             tok = char_tokenizer()
-            rng = np.random.default_rng([cfg.lab_seed, len(role)])
-            examples = [task.sample(rng) for _ in range(3000)]
-            comps = [task.noisy_completion(e, rng, noise) for e in examples]
+            prompts, comps = sft_data(cfg, role)
             model = tiny_causal_lm(
                 len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
             )
-            sft(
-                model,
-                tok,
-                [e.prompt for e in examples],
-                comps,
-                steps=steps,
-                seed=cfg.lab_seed,
-                desc=f"sft {role}",
-            )
+            sft(model, tok, prompts, comps, steps=steps, seed=cfg.lab_seed, desc=f"sft {role}")
             return model, tok
 
         model, tok = cached(key, build)
@@ -186,12 +249,14 @@ def _sample(
     return completions, rows, ids, vals
 
 
-def preference_data(cfg: Config, tok: Any, mu_s: Any, mu_w: Any, n: int, seed: int) -> dict[str, list[Any]]:
-    """Pairs (mu_s response, mu_w response) labelled by a Bradley-Terry draw on the oracle regret, in TRL's
-    preference format plus each side's behaviour log-probs and top-k (``RegretPOTrainer`` columns)."""
+def preference_data(
+    cfg: Config, tok: Any, mu_s: Any, mu_w: Any, prompts: list[str], seed: int
+) -> dict[str, list[Any]]:
+    """Pairs (mu_s response, mu_w response) on ``prompts`` labelled by a Bradley-Terry draw on the oracle regret, in
+    TRL's preference format plus each side's behaviour log-probs and top-k (``RegretPOTrainer`` columns); ``seed``
+    seeds the sampling and the labels."""
     task = AdditionChain(cfg.terms, cfg.max_value)
     rng = np.random.default_rng(seed)
-    prompts = [task.sample(rng).prompt for _ in range(n)]
     strong = _sample(mu_s, tok, prompts, seed + 1, cfg.top_k)
     weak = _sample(mu_w, tok, prompts, seed + 2, cfg.top_k)
     cols = ("behavior_logps", "behavior_topk_ids", "behavior_topk_logps")
@@ -291,14 +356,14 @@ def run(cfg: Config) -> SeedRun:
 
     _quiet_transformers()
     datasets.disable_progress_bars()
+    prompts = seed_prompts(cfg)
     tok, pi0, mu_s, mu_w = lab_models(cfg)
     task = AdditionChain(cfg.terms, cfg.max_value)
-    data = preference_data(cfg, tok, mu_s, mu_w, cfg.n_pairs, seed=10_000 * (cfg.seed + 1))
+    data = preference_data(cfg, tok, mu_s, mu_w, prompts["pairs"], seed=10_000 * (cfg.seed + 1))
     dataset = datasets.Dataset.from_dict(data)
-    rng = np.random.default_rng(20_000 + cfg.seed)
-    eval_prompts = [task.sample(rng).prompt for _ in range(cfg.eval_prompts)]
-    val_rng = np.random.default_rng(30_000 + cfg.seed)
-    val_prompts = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
+    eval_prompts, val_prompts = prompts["test"], prompts["validation"]
+    # what the run trained on (every lab model's SFT data, the pairs kept) and tuned on (the validation prompts)
+    trained = {p for role in LAB_ROLES for p in sft_data(cfg, role)[0]} | set(data["prompt"])
     n_pairs = float(len(data["prompt"]))
     # per-prompt 0/1 correctness, the same eval_prompts in the same order for every arm (paired by index)
     per_prompt: dict[str, dict[str, list[float]]] = {
@@ -336,6 +401,9 @@ def run(cfg: Config) -> SeedRun:
             "beta_grid": list(cfg.beta_grid),
         },
         units={"prompts": per_prompt},
+        unit_ids={"prompts": [prompt_id(p) for p in eval_prompts]},
+        held_out={"prompts": {"train": sorted(prompt_id(p) for p in trained),
+                              "validation": sorted({prompt_id(p) for p in val_prompts})}},
     )
 
 

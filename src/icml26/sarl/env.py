@@ -26,10 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
-
-import hashlib
 
 import numpy as np
 
@@ -211,7 +210,9 @@ class AirspaceCore:
         have the same id exactly when they are the same traffic problem, whichever generator seed drew them, so
         ids compare evaluation, validation and training scenarios (``SeedRun.unit_ids`` / ``held_out``)."""
         pres = self.present[b]
-        parts = [np.round(a[b][pres], 9) for a in (self.x, self.y, self.hdg, self.spd, self.exit_x, self.exit_y)]
+        parts = [
+            np.round(a[b][pres], 9) for a in (self.x, self.y, self.hdg, self.spd, self.exit_x, self.exit_y)
+        ]
         h = hashlib.sha1(np.asarray([self.R], float).tobytes())
         for a in parts:
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())

@@ -183,7 +183,9 @@ def run(cfg: Config) -> SeedRun:
     torch.manual_seed(cfg.seed)
     ppo = PPOConfig(n_envs=cfg.n_envs, rollout=cfg.rollout, lr=cfg.lr)
     trained_on: list[str] = []
-    train_core = recording(_core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm), trained_on)
+    train_core = recording(
+        _core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm), trained_on
+    )
     methods: dict[str, tuple[Any, str, bool]] = {
         "sarl": (SARLPolicy(), "graph", True),
         "sarl_no_moe": (SARLPolicy(moe=False), "graph", True),

@@ -286,7 +286,16 @@ def choose_lr(task_name: str, arm: str, cfg: Config) -> LRChoice:
     seeds = tuple(cfg.lr_validation_seeds)
     if not seeds:
         raise ValueError("lr_validation_seeds must be non-empty")
-    key = (task_name, arm, LR_GRIDS[arm], seeds, cfg.max_steps, cfg.eval_every, cfg.batch_size, cfg.target_loss)
+    key = (
+        task_name,
+        arm,
+        LR_GRIDS[arm],
+        seeds,
+        cfg.max_steps,
+        cfg.eval_every,
+        cfg.batch_size,
+        cfg.target_loss,
+    )
     if key in _LR_CHOICES:
         return _LR_CHOICES[key]
     censored = cfg.max_steps + cfg.eval_every
@@ -392,8 +401,10 @@ def loglog_slope(horizons: tuple[int, ...], values: list[float]) -> float:
 def run(cfg: Config) -> SeedRun:
     """One seed of the reproduction; metrics per arm as named in the card's checks."""
     if cfg.lr_grid and cfg.seed in cfg.lr_validation_seeds:
-        raise ValueError(f"seed {cfg.seed} is a learning-rate validation seed {cfg.lr_validation_seeds}: the "
-                         "evaluated seeds must be disjoint from them")
+        raise ValueError(
+            f"seed {cfg.seed} is a learning-rate validation seed {cfg.lr_validation_seeds}: the "
+            "evaluated seeds must be disjoint from them"
+        )
     metrics: dict[str, dict[str, float]] = {arm: {} for arm in cfg.arms}
     curves: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
@@ -412,7 +423,9 @@ def run(cfg: Config) -> SeedRun:
     edge: dict[str, list[str]] = {}
     tasks = {name: TASKS[name](cfg.seed) for name in cfg.tasks}
     for (task_name, arm), choice in progress(list(choices.items()), desc=f"shampoo practice seed {cfg.seed}"):
-        results[task_name, arm] = train(tasks[task_name], arm, choice.lr, cfg, track_ratio=task_name == cfg.ratio_task)
+        results[task_name, arm] = train(
+            tasks[task_name], arm, choice.lr, cfg, track_ratio=task_name == cfg.ratio_task
+        )
     for (task_name, arm), best in results.items():
         choice = choices[task_name, arm]
         metrics[arm][f"{task_name}_steps"] = float(best.steps_to_target or censored)
@@ -432,7 +445,12 @@ def run(cfg: Config) -> SeedRun:
         curves.setdefault(task_name, {})[arm] = {"lr": best.lr, "curve": best.curve}
     lr_choice = {
         task_name: {
-            arm: {"lr": c.lr, "grid": list(c.grid), "scores": [list(x) for x in c.scores], "seeds": list(c.seeds)}
+            arm: {
+                "lr": c.lr,
+                "grid": list(c.grid),
+                "scores": [list(x) for x in c.scores],
+                "seeds": list(c.seeds),
+            }
             for (t, arm), c in choices.items()
             if t == task_name
         }

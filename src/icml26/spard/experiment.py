@@ -29,7 +29,13 @@ value beyond that edge. The choice is cached with the lab models.
 
 **Evaluation** (what the claims pair): the attack dataset's 60 test prompts (three templates never paired with
 a harmful topic in any training stage), judged by :class:`~icml26.spard.data.TieredJudge`, recorded per prompt
-as 0/1 (``prompts``: score >= 3, the paper's threshold); utility per held-out addition (``problems``).
+as 0/1 (``prompts``: score >= 3, the paper's threshold); utility per held-out addition (``problems``: distinct
+additions, none in pretraining, alignment, any fine-tuning draw or the validation additions; :func:`test_problems`).
+
+**Ids and held-out sets.** A unit's id is the hash of its prompt text (:func:`text_id`): the 60 test prompts are
+3 test templates x 20 topics, the same 60 ids on every seed. ``held_out`` records the prompts the run trained on
+(pretraining, alignment, the fine-tuning set and the safety data: ``train``) and tuned on (the validation
+template's prompts, the validation additions: ``validation``); see :func:`held_out_ids`.
 
 Example:
     >>> import dataclasses
@@ -39,6 +45,8 @@ Example:
     >>> out = run(cfg)
     >>> sorted(out.units["prompts"]), len(out.units["prompts"]["spard"]["asr"])
     (['aligned', 'sft', 'spard'], 60)
+    >>> out.overlap()
+    {'prompts': {'train': 0, 'validation': 0}, 'problems': {'train': 0, 'validation': 0}}
 """
 
 from __future__ import annotations
@@ -243,6 +251,62 @@ def finetune_set(cfg: Config, world: World, seed: int, *, harmful: bool = True) 
     return utility + [attack[i] for i in rng.integers(0, len(attack), size=n_harm)]
 
 
+def text_id(text: str) -> str:
+    """A unit's id: the first 12 hex digits of the SHA-1 of its prompt text (the same prompt, the same id)."""
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def tuning_seed(cfg: Config) -> int:
+    """Seed of the tuning draw (its fine-tuning set, safety selection and validation additions), one per lab."""
+    return 1_000_000 + cfg.lab_seed
+
+
+def validation_additions(cfg: Config) -> list[Sample]:
+    """The validation additions (``n_utility_val``) on which the tuning scores utility."""
+    return addition(np.random.default_rng([tuning_seed(cfg), 3]), cfg.n_utility_val)
+
+
+def trained_additions(cfg: Config, world: World, ft: list[Sample]) -> set[str]:
+    """Every addition a model of this run trained on: pretraining, alignment, the seed's fine-tuning set ``ft``
+    and, when the run tunes, the tuning draw's."""
+    tuning = finetune_set(cfg, world, tuning_seed(cfg)) if cfg.tune else []
+    return {s.prompt for s in (*world.pretrain, *world.align, *ft, *tuning) if s.kind == "utility"}
+
+
+def tuned_additions(cfg: Config) -> set[str]:
+    """The additions the run tuned on: the validation additions when it tunes, none otherwise."""
+    return {s.prompt for s in validation_additions(cfg)} if cfg.tune else set()
+
+
+def held_out_problems(cfg: Config, world: World, ft: list[Sample]) -> list[Sample]:
+    """``n_utility_test`` distinct held-out additions, drawn without replacement (seeded by ``cfg.seed``) from the
+    two-digit additions that no model of the run trained on (:func:`trained_additions`) or tuned on.
+
+    Raises:
+        ValueError: fewer such additions than ``n_utility_test``.
+    """
+    seen = trained_additions(cfg, world, ft) | tuned_additions(cfg)
+    free = [(x, y) for x in range(10, 100) for y in range(10, 100) if f"{x}+{y}=" not in seen]
+    if not 1 <= cfg.n_utility_test <= len(free):
+        raise ValueError(f"n_utility_test must be in [1, {len(free)}] (the additions no model trained or tuned "
+                         f"on), got {cfg.n_utility_test}")
+    idx = np.random.default_rng([cfg.seed, 5]).choice(len(free), cfg.n_utility_test, replace=False)
+    return [Sample(f"{x}+{y}=", str(x + y), "utility") for x, y in (free[i] for i in idx)]
+
+
+def held_out_ids(cfg: Config, world: World, ft: list[Sample], safety: list[list[Sample]]
+                 ) -> dict[str, dict[str, list[str]]]:
+    """``{unit: {"train": ids, "validation": ids}}``: the prompts (harmful and benign requests) the run trained
+    on (pretraining, alignment, the fine-tuning set ``ft``, every safety set in ``safety``) and tuned on (the
+    validation template's prompts of every dataset), and the same for the additions."""
+    requests = {s.prompt for s in (*world.pretrain, *world.align, *ft, *(x for xs in safety for x in xs))
+                if s.kind != "utility"}
+    val = [s.prompt for d in DATASETS for s in world.val[d]] if cfg.tune else []
+    return {"prompts": {"train": sorted(map(text_id, requests)), "validation": sorted(map(text_id, val))},
+            "problems": {"train": sorted(map(text_id, trained_additions(cfg, world, ft))),
+                         "validation": sorted(map(text_id, tuned_additions(cfg)))}}
+
+
 def select_safety(cfg: Config, model: Any, tok: Any, world: World, ft: list[Sample], method: str, seed: int
                   ) -> tuple[list[Sample], dict[str, float]]:
     """The safety data: ``method`` = ``"dpp"`` (relevance-diversity DPP) or ``"random"``, budget floor(p |D_ft|)."""
@@ -433,17 +497,17 @@ def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[st
     if cfg.cache and path.is_file():
         return json.loads(path.read_text())
     judge = TieredJudge(world)
-    tuning_seed = 1_000_000 + cfg.lab_seed
-    ft = finetune_set(cfg, world, tuning_seed)
-    safe, _ = select_safety(cfg, aligned, tok, world, ft, "dpp", tuning_seed)
+    t_seed = tuning_seed(cfg)
+    ft = finetune_set(cfg, world, t_seed)
+    safe, _ = select_safety(cfg, aligned, tok, world, ft, "dpp", t_seed)
     val_prompts = [s.prompt for d in DATASETS for s in world.val[d]]
-    val_util = addition(np.random.default_rng([tuning_seed, 3]), cfg.n_utility_val)
+    val_util = validation_additions(cfg)
 
     def score(model: Any) -> tuple[float, float]:
         asr, _ = harmful_outcomes(model, tok, judge, val_prompts, cfg.max_new_tokens)
         return float(np.mean(asr)), float(np.mean(utility_outcomes(model, tok, val_util)))
 
-    sft_model, _ = train(cfg, aligned, tok, ft, Defence("sft"), tuning_seed)
+    sft_model, _ = train(cfg, aligned, tok, ft, Defence("sft"), t_seed)
     sft_asr, sft_util = score(sft_model)
     floor = sft_util - cfg.utility_margin
     out: dict[str, Any] = {"tuned": True, "val_sft": [sft_asr, sft_util]}
@@ -462,11 +526,11 @@ def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[st
 
     for name, mode in (("tau_scale", "official"), ("tau_scale_polyak", "polyak")):
         search(name, cfg.tau_scales,
-               lambda c, mode=mode: train(cfg, aligned, tok, ft, Defence("spag", safe, mode, c), tuning_seed)[0])
+               lambda c, mode=mode: train(cfg, aligned, tok, ft, Defence("spag", safe, mode, c), t_seed)[0])
     search("lisa_rho", cfg.lisa_rhos,
-           lambda r: train(cfg, aligned, tok, ft, Defence("lisa", safe, rho=r), tuning_seed)[0])
+           lambda r: train(cfg, aligned, tok, ft, Defence("lisa", safe, rho=r), t_seed)[0])
     search("vaccine_rho", cfg.vaccine_rhos,
-           lambda r: train(cfg, vaccine_model(cfg, world, tok, pre, r), tok, ft, Defence("sft"), tuning_seed)[0])
+           lambda r: train(cfg, vaccine_model(cfg, world, tok, pre, r), tok, ft, Defence("sft"), t_seed)[0])
 
     def projected(th: float) -> Any:
         m = copy.deepcopy(sft_model)
@@ -496,7 +560,7 @@ def run(cfg: Config) -> SeedRun:
     safe_oracle, sel_oracle = select_safety(cfg, aligned, tok, world, ft, "oracle", cfg.seed)
     test_prompts = [s.prompt for s in world.test[cfg.attack]]
     other_prompts = [s.prompt for d in DATASETS if d != cfg.attack for s in world.test[d]]
-    problems = addition(np.random.default_rng([cfg.seed, 5]), cfg.n_utility_test)
+    problems = held_out_problems(cfg, world, ft)
 
     per_prompt: dict[str, dict[str, list[float]]] = {}
     per_problem: dict[str, dict[str, list[float]]] = {}
@@ -561,7 +625,14 @@ def run(cfg: Config) -> SeedRun:
             metrics[arm]["safety_k"] = sel["k"]
     hp_num = {k: float(v) for k, v in hp.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics.setdefault("aligned", {}).update({f"hp_{k}": v for k, v in hp_num.items()})
-    return SeedRun(metrics, series=series, units={"prompts": per_prompt, "problems": per_problem})
+    # the safety sets some arm of this run trained on (every safety prompt is also a pretraining prompt)
+    uses = {"sft_mix_dpp": safe_dpp, "lisa": safe_dpp, "spard": safe_dpp, "spag_polyak": safe_dpp,
+            "sft_mix_random": safe_rand, "spag_random": safe_rand, "spag_oracle": safe_oracle}
+    safety = [safe for arm, safe in uses.items() if arm in cfg.arms]
+    return SeedRun(metrics, series=series, units={"prompts": per_prompt, "problems": per_problem},
+                   unit_ids={"prompts": [text_id(p) for p in test_prompts],
+                             "problems": [text_id(s.prompt) for s in problems]},
+                   held_out=held_out_ids(cfg, world, ft, safety))
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

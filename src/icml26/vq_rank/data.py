@@ -34,6 +34,34 @@ def _grey_images() -> tuple[np.ndarray, ...]:
     return tuple(img.astype(np.float32).mean(axis=2) / 255.0 for img in load_sample_images().images)
 
 
+def positions(seed: int = 0, n_train: int = 8000, n_test: int = 500, size: int = 16
+              ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """``(train, test)`` positions ``(photograph, top, left)`` of the patches ``patches`` cuts, in its order."""
+    for name, value in (("n_train", n_train), ("n_test", n_test), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    rng = np.random.default_rng(seed)
+    out: list[list[tuple[int, int, int]]] = []
+    for n, (lo, hi) in ((n_train, (0, TRAIN_COLUMNS - size)), (n_test, (TRAIN_COLUMNS + size, None))):
+        where = []
+        for k, img in enumerate(_grey_images()):
+            count = n // 2 + (n % 2 if k == 0 else 0)
+            top = rng.integers(0, img.shape[0] - size + 1, count)
+            left = rng.integers(lo, (hi if hi is not None else img.shape[1] - size) + 1, count)
+            where += [(k, int(t), int(c)) for t, c in zip(top, left, strict=True)]
+        out.append(where)
+    return out[0], out[1]
+
+
+def patch_ids(seed: int = 0, n_train: int = 8000, n_test: int = 500, size: int = 16
+              ) -> tuple[list[str], list[str]]:
+    """``(train, test)`` ids of the patches ``patches`` cuts: the photograph, the position and the size in that
+    fixed pool (``"1@120,500/16"``), so the same patch has the same id in every seed and a test patch can never
+    share an id with a train patch (train and test columns are disjoint)."""
+    train, test = positions(seed, n_train, n_test, size)
+    return [f"{k}@{t},{c}/{size}" for k, t, c in train], [f"{k}@{t},{c}/{size}" for k, t, c in test]
+
+
 def patches(
     seed: int = 0, n_train: int = 8000, n_test: int = 500, size: int = 16, normalize: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -46,19 +74,10 @@ def patches(
         size: patch side in pixels.
         normalize: contrast-normalise each patch (else grey levels in [0, 1]).
     """
-    for name, value in (("n_train", n_train), ("n_test", n_test), ("size", size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    rng = np.random.default_rng(seed)
+    images = _grey_images()
     out = []
-    for n, (lo, hi) in ((n_train, (0, TRAIN_COLUMNS - size)), (n_test, (TRAIN_COLUMNS + size, None))):
-        chunks = []
-        for k, img in enumerate(_grey_images()):
-            count = n // 2 + (n % 2 if k == 0 else 0)
-            top = rng.integers(0, img.shape[0] - size + 1, count)
-            left = rng.integers(lo, (hi if hi is not None else img.shape[1] - size) + 1, count)
-            chunks.append(np.stack([img[t : t + size, c : c + size] for t, c in zip(top, left, strict=True)]))
-        x = np.concatenate(chunks)[:, None].astype(np.float64)
+    for where in positions(seed, n_train, n_test, size):
+        x = np.stack([images[k][t : t + size, c : c + size] for k, t, c in where])[:, None].astype(np.float64)
         if normalize:
             mean = x.mean(axis=(1, 2, 3), keepdims=True)
             std = x.std(axis=(1, 2, 3), keepdims=True)

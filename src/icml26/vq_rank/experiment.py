@@ -17,7 +17,8 @@ same architecture from the same initialisation on the same batches:
 - ``mean``: every patch reconstructed as the mean train patch (the trivial baseline).
 
 Metrics on the held-out patches: per-patch reconstruction MSE (in units of the patch's contrast; the unit of the
-fidelity checks); codes
+fidelity checks, each identified by its photograph and position, ``data.patch_ids``: the same patch drawn twice
+is one unit, and the train patches' ids are recorded as held out); codes
 used on the train patches; effective rank (Roy-Vetterli, centred, singular values) of all codes, of the used
 codes and of the held-out encoder outputs z_e, and the ratio used / z_e.
 
@@ -44,7 +45,7 @@ from torch import Tensor, nn
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
-from .data import patches
+from .data import patch_ids, patches
 from .module import CodebookRegularizer, SimVQQuantizer, VectorQuantizer, codebook_tensor, effective_rank
 
 ARMS = (
@@ -260,7 +261,10 @@ def run(cfg: Config) -> SeedRun:
             model = train_vqvae(arm, cfg, X_tr, codebook_size=size)
             metrics[arm], per_image = evaluate(model, cfg, X_tr, X_te)
         units[arm] = {"test_mse": per_image.tolist()}
-    return SeedRun(metrics, series={"arms": list(cfg.arms)}, units={"patches": units})
+    train_ids, test_ids = patch_ids(seed=cfg.seed, n_train=cfg.n_train, n_test=cfg.n_test)
+    # every arm trains on the train patches (the mean arm averages them); nothing is tuned on held-out patches
+    return SeedRun(metrics, series={"arms": list(cfg.arms)}, units={"patches": units},
+                   unit_ids={"patches": test_ids}, held_out={"patches": {"train": train_ids, "validation": []}})
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
