@@ -35,7 +35,9 @@ def test_smoke_run_through_the_cli(tmp_path):
     assert arms["simvq_matched"]["codebook_size"]["values"] == arms["simvq_cr"]["used_codes"]["values"]
     assert arms["simvq_cr"]["codebook_size"]["values"] == [256.0]
     assert arms["simvq_cr"]["test_mse"]["unit"] == "patches"
-    assert claims["fidelity"]["units"].startswith("200 patches")
+    assert "distinct patches in 1 run(s)" in claims["fidelity"]["units"]  # verdicts v3: ids, runs as clusters
+    assert [len(ids) for ids in data["unit_ids"]["patches"]] == [200]
+    assert data["overlap"] == {"patches": {"train": [0], "validation": [0]}}
     assert (tmp_path / "vq_rank" / "smoke_mse_vs_erank.png").is_file()
 
 
