@@ -174,3 +174,24 @@ def test_legacy_rules_unchanged():
     assert out.interval == pytest.approx((lo, hi)) and out.design is None
     with pytest.raises(ValueError, match="rules"):
         parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), rules=1)
+
+
+def test_ids_per_metric_take_precedence_and_must_agree_between_paired_refs():
+    data = arms("items", m__x=[[1.0, 0.0, 1.0]], b__x=[[0.0, 0.0, 1.0]], m__y=[[1.0, 1.0]])
+    ids = {"items": [["i0", "i1"]], "m.x": [["a", "a", "b"]], "b.x": [["a", "a", "b"]]}
+    out = parse_check("m.x - b.x >= 0.0 over items").evaluate(data, unit_ids=ids)
+    assert out.design["distinct_units"] == 2 and out.design["within_duplicates"] == 1
+    one = parse_check("m.y >= 0.5 over items").evaluate(data, unit_ids=ids)
+    assert one.design["distinct_units"] == 2
+    with pytest.raises(ValueError, match="different unit ids"):
+        parse_check("m.x - b.x >= 0.0 over items").evaluate(data, unit_ids={**ids, "b.x": [["a", "c", "b"]]})
+
+
+def test_constant_runs_without_ids_are_not_merged():
+    """Fresh draws that all come out 1 are not copies; only ids could say they are the same units."""
+    ones = [np.ones(60)] * 3
+    out = parse_check("m.ok >= 0.9 over points").evaluate(arms("points", m__ok=ones))
+    assert out.design["clusters"] == 3 and out.design["distinct_units"] == 180
+    same = parse_check("m.ok >= 0.9 over points").evaluate(arms("points", m__ok=ones),
+                                                           unit_ids={"points": [[f"p{i}" for i in range(60)]] * 3})
+    assert same.design["clusters"] == 1 and same.design["distinct_units"] == 60

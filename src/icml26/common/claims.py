@@ -390,9 +390,19 @@ class _Run:
 
 def _unit_ids_for(check: Check, series: list[list[list[float]]],
                   unit_ids: Mapping[str, Sequence[Sequence[Any]]] | None) -> list[list[str]] | None:
-    if not unit_ids or check.pairing not in unit_ids:
+    """The ids of the check's units: those of its refs' metrics (``"arm.metric"``, which must agree between
+    paired refs), else those of its unit name, else ``None``."""
+    if not unit_ids:
         return None
-    ids = unit_ids[check.pairing]
+    own = [unit_ids[str(r)] for r in check.refs if str(r) in unit_ids]
+    if any(o != own[0] for o in own):
+        raise ValueError(f"check {check.text!r}: its paired refs carry different unit ids")
+    if own:
+        ids = own[0]
+    elif check.pairing in unit_ids:
+        ids = unit_ids[check.pairing]
+    else:
+        return None
     if len(ids) != len(series[0]):
         raise ValueError(f"check {check.text!r}: unit ids of {check.pairing!r} cover {len(ids)} seed(s), the "
                          f"values {len(series[0])}")
@@ -426,7 +436,10 @@ def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None)
             values.append(np.array([math.fsum(sums[u]) / len(sums[u]) for u in order]))
         key = (tuple(order), *(tuple(v.tolist()) for v in values)) if ids is not None else (
             "anonymous", *(tuple(v.tolist()) for v in values))
-        if key in seen:
+        # without ids, constant values (all 0, all 1) repeat by chance in fresh draws: only ids can say they
+        # are the same units; non-constant vectors that repeat exactly are copies
+        constant = all(len(set(v.tolist())) <= 1 for v in values)
+        if key in seen and (ids is not None or not constant):
             continue
         seen.add(key)
         runs.append(_Run(tuple(order), tuple(values)))

@@ -122,19 +122,26 @@ class SeedRun:
     def _check_ids(self, seen: Mapping[tuple[str, str], str]) -> None:
         if not isinstance(self.unit_ids, Mapping) or not isinstance(self.held_out, Mapping):
             raise TypeError("unit_ids must be {unit: [ids]} and held_out {unit: {split: [ids]}}")
-        for unit, ids in self.unit_ids.items():
-            if unit not in self.units:
-                raise ValueError(f"unit_ids names {unit!r}, which has no per-unit values (units: {sorted(self.units)})")
+        for key, ids in self.unit_ids.items():
             if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-                raise TypeError(f"unit_ids[{unit!r}] must be a list of ids")
-            self.unit_ids[unit] = [str(u) for u in ids]
-            for (arm, name), u in seen.items():
-                n = len(self.units[u][arm][name])
-                if u == unit and n != len(ids):
-                    raise ValueError(f"unit_ids[{unit!r}] has {len(ids)} ids but {arm}.{name} has {n} units")
+                raise TypeError(f"unit_ids[{key!r}] must be a list of ids")
+            self.unit_ids[key] = [str(u) for u in ids]
+            if "." in key:  # ids of one metric: "arm.metric"
+                arm, _, name = key.partition(".")
+                if (arm, name) not in seen:
+                    raise ValueError(f"unit_ids names {key!r}, which has no per-unit values")
+                covered = [(arm, name)]
+            elif key in self.units:
+                covered = [am for am, u in seen.items() if u == key and f"{am[0]}.{am[1]}" not in self.unit_ids]
+            else:
+                raise ValueError(f"unit_ids names {key!r}, which has no per-unit values (units: {sorted(self.units)})")
+            for arm, name in covered:
+                n = len(self.units[seen[arm, name]][arm][name])
+                if n != len(ids):
+                    raise ValueError(f"unit_ids[{key!r}] has {len(ids)} ids but {arm}.{name} has {n} units")
         for unit, splits in self.held_out.items():
             if unit not in self.unit_ids:
-                raise ValueError(f"held_out names {unit!r}, which has no unit_ids")
+                raise ValueError(f"held_out names {unit!r}, which has no unit_ids (held_out is keyed like unit_ids)")
             if not isinstance(splits, Mapping) or set(splits) - set(HELD_OUT_SPLITS):
                 raise ValueError(f"held_out[{unit!r}] must map {HELD_OUT_SPLITS} to ids")
 
