@@ -117,6 +117,10 @@ def test_a_client_loads_only_its_own_file_and_names_it_when_bad(tmp_path):
     got = app.load_client(1, {}, {"data-dir": str(tmp_path)})
     for f in dataclasses.fields(ClientData):
         want = getattr(mine, f.name)
+        if f.name == "rows":                                          # the items' rows in the bundled data set
+            assert set(got.rows) == set(want) == {"train", "val", "test"}
+            assert all(np.array_equal(got.rows[k], want[k]) for k in want)
+            continue
         assert np.array_equal(getattr(got, f.name), want) and np.asarray(getattr(got, f.name)).dtype == \
             np.asarray(want).dtype, f.name
     assert got.cid == 2 and got.attacker == 4                       # the file's own cid seeds its randomness

@@ -141,7 +141,8 @@ def write_client(path: str | Path, data: ClientData) -> Path:
     path = Path(path)
     np.savez(path, X_train=data.X_train, y_train=data.y_train, X_val=data.X_val, y_val=data.y_val,
              X_test=data.X_test, y_test=data.y_test, cid=np.int64(data.cid), shift=np.str_(data.shift),
-             attacker=np.int64(-1 if data.attacker is None else data.attacker))
+             attacker=np.int64(-1 if data.attacker is None else data.attacker),
+             **{f"rows_{split}": rows for split, rows in data.rows.items()})
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
@@ -161,7 +162,8 @@ def read_client(path: str | Path, partition_id: int) -> ClientData:
     attacker = int(got.get("attacker", -1))
     return ClientData(X, y, got.get("X_val", empty_X), got.get("y_val", empty_y), got.get("X_test", empty_X),
                       got.get("y_test", empty_y), shift=str(got.get("shift", "none")),
-                      cid=int(got.get("cid", partition_id)), attacker=None if attacker < 0 else attacker)
+                      cid=int(got.get("cid", partition_id)), attacker=None if attacker < 0 else attacker,
+                      rows={k.removeprefix("rows_"): v for k, v in got.items() if k.startswith("rows_")})
 
 
 def write_clients(clients: Sequence[ClientData], folder: str | Path) -> list[Path]:
