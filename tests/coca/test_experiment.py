@@ -68,13 +68,17 @@ def test_every_arm_is_judged_on_the_same_items(tiny_run):
 
 def test_every_unit_carries_ids_and_none_was_trained_or_tuned_on(tiny_run):
     out = tiny_run
-    assert set(out.unit_ids) == set(out.units) == set(out.held_out)
+    knowledge = {f"{arm}.knowledge" for arm in out.units["id_prompts"]}
+    assert set(out.unit_ids) == set(out.units) | knowledge == set(out.held_out)
     for unit, by_arm in out.units.items():
         n = {len(v) for metrics in by_arm.values() for v in metrics.values()}
         assert n == {len(out.unit_ids[unit])}, unit
-    assert out.overlap() == {u: {"train": 0, "validation": 0} for u in out.units}
+    assert out.overlap() == {u: {"train": 0, "validation": 0} for u in out.unit_ids}
     w = World(TINY.lab_seed)
     suites = w.suites(TINY.wrappers_per_request, seed=TINY.seed)
+    # knowledge is read on the completion suite: its items' ids (the same requests and wrappers as id_prompts)
+    assert {tuple(out.unit_ids[k]) for k in knowledge} == {tuple(text_id(it.prompt + it.prefill)
+                                                                  for it in suites["completion"])}
     assert out.unit_ids["id_prompts"] == [text_id(it.prompt) for it in suites["id"]]
     assert out.unit_ids["ood_prompts"] == [text_id(it.prompt + it.prefill) for s in OOD_SUITES for it in suites[s]]
     assert out.unit_ids["utility_items"] == [text_id(p) for p in w.utility_prompts(TINY.n_utility_eval, TINY.seed)]

@@ -439,10 +439,12 @@ def arms_of(cfg: Config) -> list[str]:
     return arms
 
 
-def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_prompts: list[str]
-             ) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
+def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_prompts: list[str],
+             arms: list[str]) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
     """``(unit_ids, held_out)`` of one seed's units (see the module docstring): what each unit is, and the ids of
-    the same kind the run trained on (``"train"``) or chose its learning rate on (``"validation"``)."""
+    the same kind the run trained on (``"train"``) or chose its learning rate on (``"validation"``). ``knowledge``
+    (an ``id_prompts`` metric of every arm in ``arms``) is measured on the completion suite's items (the same
+    requests and wrappers, with "sure," pre-filled), so it carries their ids (``"<arm>.knowledge"``)."""
     def item_text(it: Any) -> str:
         return it.prompt + it.prefill
 
@@ -472,6 +474,10 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
         "probe_items": {"train": sorted(text_id(naming_prompt(r)) for r in fit_reqs), "validation": []},
         "synthetic_items": {"train": syn_fit, "validation": []},
     }
+    completion = [text_id(item_text(it)) for it in items["completion"]]
+    for arm in arms:
+        out[f"{arm}.knowledge"] = completion
+        held[f"{arm}.knowledge"] = safety
     return out, held
 
 
@@ -532,7 +538,7 @@ def run(cfg: Config) -> SeedRun:
             "every layer: none.naming_*_probe_layer*; the plain chat's decision position: "
             "none.decision_*_probe_layer*)"),
     }
-    ids, held_out = unit_ids(world, cfg, items, utility_prompts)
+    ids, held_out = unit_ids(world, cfg, items, utility_prompts, list(units["id_prompts"]))
     return SeedRun(scalars, series={"samples": samples}, notes=notes, units=units, unit_ids=ids, held_out=held_out)
 
 
