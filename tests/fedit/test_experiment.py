@@ -10,7 +10,7 @@ import pytest
 from icml26.fedit import experiment
 from icml26.fedit.baselines import fisher, stouffer
 from icml26.fedit.data import shared_shifts
-from icml26.fedit.experiment import H0, H1, PRESETS, SMALL, SMALL_ARMS, run
+from icml26.fedit.experiment import H0, H1, PRESETS, SMALL, SMALL_ARMS, replication_ids, run
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -26,6 +26,14 @@ def test_smoke_run_through_the_cli(tmp_path):
     validity = next(c for c in data["claims"] if c["id"] == "validity")
     assert validity["test"].startswith("Clopper-Pearson")
     assert (tmp_path / "fedit" / "smoke_level_and_power.png").is_file()
+    # verdicts v3: every per-replication metric carries its ids; no held-out set
+    per_unit = {f"{a}.{m}" for a, ms in data["arms"].items() for m, st in ms.items() if "unit" in st}
+    assert data["rules"] == 3 and set(data["unit_ids"]) == per_unit and data["overlap"] == {}
+    for key, per_seed in data["unit_ids"].items():
+        arm, metric = key.split(".")
+        assert [len(s) for s in per_seed] == [len(s) for s in data["arms"][arm][metric]["unit_values"]]
+    flip = next(c for c in data["claims"] if c["id"] == "power_sign_flip")
+    assert flip["verdict"] in ("holds", "inconclusive", "fails") and "paired" in flip["units"]
 
 
 def test_same_seed_same_numbers():
@@ -67,10 +75,10 @@ def test_privacy_arms_test_the_same_clients(monkeypatch):
     assert len(large_draws) == 2 * cfg.dp_reps  # H0 and H1, not once per arm
 
 
-def test_replications_are_fresh_draws_without_ids_or_held_out_sets(monkeypatch):
+def test_replications_are_fresh_draws_with_ids_and_no_held_out_sets(monkeypatch):
     """Verdicts v3: each replication draws new clients from its seed's generator (no unit repeats within or across
-    seeds, nothing is trained on them), so the run gives no held-out set, and no ids: one id list per unit name
-    cannot cover scenarios of different sizes (README, Deviations 8); unnamed units count as distinct."""
+    seeds, nothing is trained on them): every per-replication metric carries its own ids ("arm.metric"), distinct
+    across scenarios and seeds, and the run gives no held-out set."""
     cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
     firsts = []
     generate = H0["type1_shifts"]
@@ -82,10 +90,34 @@ def test_replications_are_fresh_draws_without_ids_or_held_out_sets(monkeypatch):
 
     monkeypatch.setitem(H0, "type1_shifts", recording)
     a, b = run(cfg), run(dataclasses.replace(cfg, seed=1))
-    assert a.unit_ids == b.unit_ids == {} and a.held_out == {}
+    assert a.held_out == {} and a.overlap() == {}
     draws = [f.tobytes() for f in firsts]
     assert len(set(draws)) == len(draws) == 2 * cfg.h0_reps
     assert len({len(v) for ms in a.units["replications"].values() for v in ms.values()}) > 1
+    # one id list per scenario and seed: scenarios and seeds never share a replication
+    lists = {tuple(ids) for ids in a.unit_ids.values()}
+    assert sum(len(ids) for ids in lists) == len({u for ids in lists for u in ids})
+    assert not {u for ids in a.unit_ids.values() for u in ids} & {u for ids in b.unit_ids.values() for u in ids}
+
+
+def test_every_replication_metric_carries_ids_and_arms_on_the_same_clients_share_them():
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    out = run(cfg)
+    for arm, metrics in out.units["replications"].items():
+        for metric, values in metrics.items():
+            ids = out.unit_ids[f"{arm}.{metric}"]
+            assert len(ids) == len(set(ids)) == len(values), (arm, metric)
+    # the paired checks' arms tested the same clients in each replication: identical ids, so they pair
+    for metric in (*H0, *H1):
+        assert {tuple(out.unit_ids[f"{m}.{metric}"]) for m in experiment._methods(0)} == {
+            tuple(replication_ids(metric, cfg.seed, len(out.units["replications"]["fedit"][metric])))}
+    for metric in SMALL:
+        assert len({tuple(out.unit_ids[f"{arm}.{metric}"]) for arm in SMALL_ARMS}) == 1
+    private = [a for a in out.units["replications"] if a == "fedit_large" or a.startswith("fedit_dp_eps")]
+    for metric in ("type1_error", "power"):
+        assert len({tuple(out.unit_ids[f"{arm}.{metric}"]) for arm in private}) == 1
+    # the permutation null ran on its own draws of the shared-shifts scenario: other replications, other ids
+    assert not set(out.unit_ids["fedit_perm.type1_shifts"]) & set(out.unit_ids["fedit.type1_shifts"])
 
 
 def test_fisher_and_stouffer_share_the_clients_pvalues_exactly():

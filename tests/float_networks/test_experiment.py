@@ -61,6 +61,13 @@ def test_smoke_run_through_the_cli(tmp_path):
     assert arms["construct_relu"]["zero_sign_mismatch_frac"]["mean"] > 0
     assert claims["naive_inexact"]["verdict"] == "holds" and "Agresti-Min" in claims["naive_inexact"]["test"]
     assert (tmp_path / "float_networks" / "smoke_exact_gradients.png").is_file()
+    # verdicts v3: every per-point metric carries ids (the 1-D smoke domains: the unit's ids); no held-out set
+    for arm, metrics in arms.items():
+        for name, stat in metrics.items():
+            if "unit" in stat:
+                key = f"{arm}.{name}" if f"{arm}.{name}" in data["unit_ids"] else stat["unit"]
+                assert [len(s) for s in data["unit_ids"][key]] == [len(s) for s in stat["unit_values"]], key
+    assert set(data["unit_ids"]) == {"points"} and data["overlap"] == {}
 
 
 def test_per_point_outcomes_pair_and_average_to_the_fractions():
@@ -129,7 +136,8 @@ def test_quick_reproduces_the_committed_result(tmp_path):
 
 
 def test_points_carry_ids_distinct_within_and_across_seeds():
-    # verdicts v3: a unit is a point with its targets; the seed draws the targets, so ids never repeat across seeds
+    # verdicts v3: a unit is a point with its targets; the seed draws the targets, so ids never repeat across seeds.
+    # On the 1-D domains every metric lists every point: the unit's ids cover them all
     a, b = run(TINY), run(dataclasses.replace(TINY, seed=1))
     ids = a.unit_ids["points"]
     assert set(a.unit_ids) == set(a.units) == {"points"}
@@ -141,12 +149,34 @@ def test_points_carry_ids_distinct_within_and_across_seeds():
     assert a.held_out == {}                      # a construction is built on the points it is checked on
 
 
-def test_point_ids_of_the_two_d_grids():
-    # with the 2-D grids (full) the 1-D-only baseline metrics list fewer points: one id list cannot cover both
-    # (SeedRun.unit_ids is one list per unit), so none is given; the ids themselves stay distinct
-    from icml26.float_networks.experiment import point_ids
+def test_point_ids_of_the_two_d_grids_cover_every_metric_and_the_paired_checks_pair():
+    # with the 2-D grids (full) the 1-D-only metrics (the baselines' pairs) list fewer points: they carry the 1-D
+    # points' ids ("arm.metric"), every other metric the unit's ids over all points
+    from icml26.common.results import aggregate_arms, aggregate_ids
+    from icml26.float_networks.experiment import ONE_D_METRICS, point_ids
+    from icml26.registry import get_paper
 
-    cfg = dataclasses.replace(TINY, two_d=True)
+    cfg = dataclasses.replace(TINY, two_d=True, activations=("relu", "softplus"))
     grid = domain("float16", 0, cfg, dim=2)
     ids = point_ids("float16", 2, grid, 0)
     assert len(set(ids)) == len(ids) == len(grid) and ids[1] == "s0:float16:2d:0.0,0.125"
+    out = run(cfg)
+    one_d = {k for k in out.unit_ids if k != "points"}
+    assert one_d == set(ONE_D_METRICS) and len({tuple(out.unit_ids[k]) for k in one_d}) == 1
+    assert all(":1d:" in u for u in out.unit_ids["naive.exact_grad"])
+    assert set(out.unit_ids["naive.exact_grad"]) < set(out.unit_ids["points"])
+    for arm, metrics in out.units["points"].items():
+        for name, values in metrics.items():
+            assert len(out.unit_ids.get(f"{arm}.{name}", out.unit_ids["points"])) == len(values), (arm, name)
+    assert out.held_out == {}
+    # the card's checks over points (those whose arms this run has) take their ids without a mismatch
+    arms, (unit_ids, _) = aggregate_arms([out]), aggregate_ids([out])
+    decided = 0
+    for claim in get_paper("float_networks").claims_for("full"):
+        if all(r.arm in arms for r in claim.check.refs):
+            outcome = claim.check.evaluate(arms, unit_ids)
+            assert outcome.verdict in ("holds", "inconclusive", "fails")
+            decided += 1
+    assert decided == 6  # relu, registered, constructions (2), and the two paired baseline checks
+
+

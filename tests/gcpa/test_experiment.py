@@ -40,6 +40,14 @@ def test_smoke_run_through_the_cli(tmp_path):
         assert data["arms"]["gcca"][f"{ds}_chosen_reg"]["mean"] in PRESETS["smoke"].cca_reg_grid
     assert data["arms"]["pairwise_procrustes"]["digits_maps"]["mean"] == 20.0
     assert data["arms"]["none"]["tabular_maps"]["mean"] == 0.0
+    # verdicts v3: every per-item metric carries ids (all_* those of the unit name), no test item is an anchor
+    for arm, metrics in data["arms"].items():
+        for name, stat in metrics.items():
+            if "unit" in stat:
+                key = f"{arm}.{name}" if f"{arm}.{name}" in data["unit_ids"] else stat["unit"]
+                assert [len(s) for s in data["unit_ids"][key]] == [len(s) for s in stat["unit_values"]], key
+    assert set(data["overlap"]) == set(data["unit_ids"])
+    assert all(n == 0 for splits in data["overlap"].values() for counts in splits.values() for n in counts)
     headline = next(c for c in data["claims"] if c["id"] == "tradeoff_retrieval")
     assert headline["test"].startswith("paired t; within one run")     # one seed: one run (verdicts v3)
     for name in ("smoke_retrieval_vs_distortion.png", "smoke_gamma_sensitivity.png"):

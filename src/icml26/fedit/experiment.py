@@ -27,6 +27,15 @@ every method, so that methods pair by replication (the same data went to each); 
 The card's checks pool the replications of all seeds (a type-I error claim is a Clopper-Pearson bound on the
 rejections of one scenario; a power comparison is the Agresti–Min interval for matched pairs over paired replications).
 
+**Unit ids** (verdicts v3; :func:`replication_ids`): every per-replication metric carries its own id list
+(``unit_ids["arm.metric"]``), ``"<scenario>/s<seed>/r<i>"``: the i-th replication of a scenario on a seed. The
+arms that test the same data in a replication get the same ids (every method of a main scenario; the
+non-private and private arms of the privacy experiment; the arms of a small-client scenario), so a paired check
+pairs them; the permutation null has its own scenarios (``perm_type1_shifts``, ``perm_power_sine``: other
+draws than ``fedit.type1_shifts``), and so do the privacy arms (``dp_type1_error``, ``dp_power``). Every
+replication draws fresh clients, so no id repeats within or across seeds and scenarios; nothing is trained or
+tuned on replications, so there is no held-out set.
+
 Example:
     >>> import dataclasses
     >>> from icml26.fedit.experiment import PRESETS, run
@@ -34,6 +43,10 @@ Example:
     >>> out = run(cfg)
     >>> sorted(out.metrics)[:3], out.units["replications"]["fedit"]["type1_shifts"]  # 1 = rejected at 0.05
     (['copula_pooled', 'fedit', 'fedit_asymptotic'], [0.0, 1.0, 0.0])
+    >>> out.unit_ids["fedit.type1_shifts"] == out.unit_ids["pooled.type1_shifts"]  # the same data, paired
+    True
+    >>> out.unit_ids["fedit_perm.type1_shifts"]
+    ['perm_type1_shifts/s0/r0', 'perm_type1_shifts/s0/r1']
 """
 
 from __future__ import annotations
@@ -128,6 +141,16 @@ def _pvalues(methods: dict[str, Callable[[list], float]], clients: list) -> dict
     return {name: shared.get(name, test)(clients) for name, test in methods.items()}
 
 
+def replication_ids(scenario: str, seed: int, reps: int) -> list[str]:
+    """The ids of a scenario's replications on one seed: ``"<scenario>/s<seed>/r<i>"``.
+
+    Example:
+        >>> replication_ids("type1_shifts", 3, 2)
+        ['type1_shifts/s3/r0', 'type1_shifts/s3/r1']
+    """
+    return [f"{scenario}/s{seed}/r{i}" for i in range(reps)]
+
+
 def min_size_level(rng: np.random.Generator, n: int, K: int, reps: int) -> float:
     """Rejection rate at alpha of the exact-moment gamma null for K independent clients of n rows under H0
     (the core functions the clients and the server run, without the test's minimum-size check)."""
@@ -145,10 +168,13 @@ def run(cfg: Config) -> SeedRun:
     rng = np.random.default_rng(cfg.seed)
     methods = _methods(cfg.seed)
     reject: dict[str, dict[str, list[float]]] = {name: {} for name in methods}
+    # "arm.metric" -> the ids of its replications; arms tested on the same clients share a scenario's ids
+    ids: dict[str, list[str]] = {}
     scenarios = [(m, g, cfg.h0_reps) for m, g in H0.items()] + [(m, g, cfg.h1_reps) for m, g in H1.items()]
     for metric, generate, reps in progress(scenarios, desc=f"fedit seed {cfg.seed}"):
         for name in methods:
             reject[name][metric] = []
+            ids[f"{name}.{metric}"] = replication_ids(metric, cfg.seed, reps)
         for _ in range(reps):
             pvalues = _pvalues(methods, generate(rng, cfg))
             for name, p in pvalues.items():
@@ -158,6 +184,7 @@ def run(cfg: Config) -> SeedRun:
     reject["fedit_perm"] = {}
     for metric, dep in (("type1_shifts", 0.0), ("power_sine", cfg.dep_sine)):
         reject["fedit_perm"][metric] = []
+        ids[f"fedit_perm.{metric}"] = replication_ids(f"perm_{metric}", cfg.seed, cfg.perm_reps)
         for r in range(cfg.perm_reps):
             test = FederatedIndependenceTest(null="permutation", n_permutations=cfg.n_permutations,
                                              random_state=1000 * cfg.seed + r)
@@ -170,6 +197,8 @@ def run(cfg: Config) -> SeedRun:
     for arm in arms:
         reject[arm] = {"type1_error": [], "power": []}
     for metric, dep in progress((("type1_error", 0.0), ("power", cfg.dep_sine)), desc=f"fedit privacy seed {cfg.seed}"):
+        for arm in arms:
+            ids[f"{arm}.{metric}"] = replication_ids(f"dp_{metric}", cfg.seed, cfg.dp_reps)
         for r in range(cfg.dp_reps):
             clients = shared_shifts(rng, n=cfg.dp_n, dep=dep)
             for arm, privacy in arms.items():
@@ -183,6 +212,7 @@ def run(cfg: Config) -> SeedRun:
     for metric, generate in progress(list(SMALL.items()), desc=f"fedit small clients seed {cfg.seed}"):
         for arm in SMALL_ARMS:
             reject[arm][metric] = []
+            ids[f"{arm}.{metric}"] = replication_ids(metric, cfg.seed, cfg.small_reps)
         for _ in range(cfg.small_reps):
             clients = generate(rng)
             local = local_pvalues(clients)
@@ -195,7 +225,7 @@ def run(cfg: Config) -> SeedRun:
     if cfg.min_size_reps:
         for n in progress(cfg.min_size_n, desc="fedit minimum client size"):
             metrics[f"gamma_n{n}"] = {f"K{K}": min_size_level(rng, n, K, cfg.min_size_reps) for K in cfg.min_size_k}
-    return SeedRun(metrics, units={"replications": reject})
+    return SeedRun(metrics, units={"replications": reject}, unit_ids=ids)
 
 
 def _rate_and_ci(values: list[list[float]]) -> tuple[float, float, float]:

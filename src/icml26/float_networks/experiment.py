@@ -37,9 +37,11 @@ in the order format by format; 0/1 each, pooled over seeds by the claims):
   ``sobolev.exact_value`` and ``naive.exact_grad``.
 
 **Unit ids** (:func:`point_ids`): seed, format, dimension and coordinates; the seed draws the targets, so no point
-is the same unit on two seeds. Given only when every metric lists every point (not with the 2-D grids of the
-full preset, whose 1-D-only metrics list fewer). No held-out set: a construction (and the Sobolev baseline, which
-is asked to represent the targets at these very points) is evaluated on the points it is built from by design.
+is the same unit on two seeds. The metrics over every point carry the unit's ids (``unit_ids["points"]``); with
+the 2-D grids (full preset) the 1-D-only metrics list fewer points and carry their own
+(``unit_ids["arm.metric"]``, the 1-D points' ids: ``ONE_D_METRICS``). No held-out set: a construction (and the
+Sobolev baseline, which is asked to represent the targets at these very points) is evaluated on the points it
+is built from by design.
 
 Example:
     >>> import dataclasses
@@ -71,6 +73,9 @@ PAPER_ACTIVATIONS = ("relu", "elu", "gelu", "silu", "sigmoid", "tanh")
 REGISTERED = ("softplus", "mish", "hardswish")
 
 FORMATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: the per-point metrics of the 1-D domains only (the baselines and the construction they are paired with)
+ONE_D_METRICS = ("construct_relu.exact_value_1d", "construct_relu.exact_grad_1d", "naive.exact_grad",
+                 "sobolev.exact_value")
 PHIS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
     "identity": None, "mse": lambda y: (y - 0.5) ** 2, "softplus": torch.nn.functional.softplus}
 
@@ -250,11 +255,12 @@ def run(cfg: Config) -> SeedRun:
     metrics["naive"] = _summary(naive)
     metrics["sobolev"] = _summary(sob)
     ids = [u for fmt, dim, pts, _, _ in cases for u in point_ids(fmt, dim, pts, cfg.seed)]
-    # SeedRun.unit_ids holds one id list per unit: with the 2-D grids (full) the 1-D-only metrics (the baselines'
-    # pairs) list fewer points than the others, so the ids can be given only without them (README, Deviations)
-    same = all(len(v) == len(ids) for ms in points.values() for v in ms.values())
-    return SeedRun(metrics, series={"per_format": curves}, units={"points": points},
-                   unit_ids={"points": ids} if same else {})
+    unit_ids: dict[str, list[str]] = {"points": ids}
+    ids_1d = [u for fmt, dim, pts, _, _ in cases if dim == 1 for u in point_ids(fmt, dim, pts, cfg.seed)]
+    if ids_1d != ids:  # the 2-D grids (full): the 1-D-only metrics list fewer points, with ids of their own
+        unit_ids.update({key: ids_1d for key in ONE_D_METRICS
+                         if key.partition(".")[2] in points.get(key.partition(".")[0], {})})
+    return SeedRun(metrics, series={"per_format": curves}, units={"points": points}, unit_ids=unit_ids)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:

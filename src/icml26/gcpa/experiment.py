@@ -26,6 +26,14 @@ order for every arm), per model set (``digits_*``, ``text_*``, ``tabular_*``) an
 (``all_*``: the sets' items concatenated, digits then text then tabular). An item, not a (pair, item) query, is
 the unit because the queries of one item across pairs are not independent.
 
+**Item ids** (verdicts v3; :func:`item_ids`): a row of the bundled digits or breast-cancer data, or a
+sentence's text hash, the same id on every seed that holds the item out (a fixed pool split anew by each seed,
+so v3 adds the variance of the items the seeds share). The pooled ``all_*`` metrics carry the ids of the unit
+name (``unit_ids["items"]``: every model set's held-out items in ``DATASETS`` order), each per-set metric its
+own (``unit_ids["<arm>.<set>_<metric>"]``: that set's items). The held-out sets are keyed alike: the anchors
+(``train``: every arm is fitted on them and the embedding models trained on them) and the validation anchors
+(``validation``, a subset of them) of the same model sets.
+
 Example:
     >>> import dataclasses
     >>> from icml26.gcpa.experiment import PRESETS, run
@@ -35,6 +43,8 @@ Example:
     (True, True)
     >>> len(out.units["items"]["gcpa"]["all_recall_at_1"]) == len(out.units["items"]["gpa"]["all_recall_at_1"])
     True
+    >>> out.unit_ids["items"] == out.unit_ids["gcpa.tabular_recall_at_1"], out.overlap()["items"]
+    (True, {'train': 0, 'validation': 0})
 """
 
 from __future__ import annotations
@@ -294,9 +304,11 @@ def run(cfg: Config) -> SeedRun:
     sweep: dict[str, Any] = {}
     ids: dict[str, list[str]] = {}
     held_out: dict[str, list[str]] = {"train": [], "validation": []}
+    held_by_set: dict[str, dict[str, list[str]]] = {}
     for name in progress([d for d in DATASETS if d in cfg.datasets], desc=f"gcpa seed {cfg.seed}"):
         data, k = builders[name]()
         ids[name], held = item_ids(data, cfg)
+        held_by_set[name] = held
         for split, h in held.items():
             held_out[split] += h
         values, per_item = evaluate(data, k, cfg)
@@ -316,14 +328,18 @@ def run(cfg: Config) -> SeedRun:
     )
     notes = {cid: note for cid in ("tradeoff_retrieval", "retrieval_vs_cca")}
     notes.update({f"retrieval_{d}": note for d in cfg.datasets})
-    # the ids of every per-item metric: each model set's items, and all of them for the pooled all_* metrics.
-    # SeedRun.unit_ids holds one id list per unit, and the metrics of ``items`` list different items (one model
-    # set or all three), so the ids are kept here until a result can hold ids per metric (README, Deviations)
-    by_metric = {f"{d}_{w}": ids[d] for d in ids for w in ("recall_at_1", "stitching_accuracy")}
-    by_metric.update({f"all_{w}": [u for d in DATASETS if d in ids for u in ids[d]]
-                      for w in ("recall_at_1", "stitching_accuracy")})
-    series = {"gamma_sweep": sweep, "unit_ids": {"items": by_metric}, "held_out": {"items": held_out}}
-    return SeedRun(metrics, units={"items": items}, series=series, notes=notes)
+    # the ids of every per-item metric: the pooled all_* metrics list every model set's items (the unit's ids),
+    # a per-set metric only its set's items (ids of its own, "arm.metric"); the held-out sets are keyed alike
+    unit_ids: dict[str, list[str]] = {"items": [u for d in DATASETS if d in ids for u in ids[d]]}
+    held: dict[str, dict[str, list[str]]] = {"items": held_out}
+    for arm, ms in items.items():
+        for metric in ms:
+            d = metric.split("_", 1)[0]
+            if d in ids:
+                unit_ids[f"{arm}.{metric}"] = ids[d]
+                held[f"{arm}.{metric}"] = held_by_set[d]
+    series = {"gamma_sweep": sweep}
+    return SeedRun(metrics, units={"items": items}, series=series, notes=notes, unit_ids=unit_ids, held_out=held)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
