@@ -21,13 +21,8 @@ PAPER_README = ("# Demo\n\n## Results\n\n<!-- icml26:results:begin -->\n<!-- icm
 CLEAN_ENV = {"python": "3.11", "torch": "2.13.0", "git_sha": "0" * 40, "git_dirty": False, "git_dirty_files": []}
 
 
-@pytest.fixture
-def tree(tmp_path, monkeypatch):
-    """A throw-away project root with the real README, one implemented demo paper, its source and results.
-
-    The results are written as from a clean commit (whatever the state of this checkout).
-    """
-    monkeypatch.setattr(runner, "environment", lambda: dict(CLEAN_ENV))
+def _demo_project(tmp_path):
+    """A project root with the real README and one implemented demo paper (card, README, source)."""
     root = tmp_path / "proj"
     root.mkdir()
     (root / "pyproject.toml").write_text('[project]\nname = "icml26"\n')
@@ -35,6 +30,17 @@ def tree(tmp_path, monkeypatch):
     demo = write_demo_card(root)
     (demo.folder / "README.md").write_text(PAPER_README)
     (demo.folder / "experiment.py").write_text("GAP = 0.1\n")
+    return root, demo
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A throw-away project root with the real README, one implemented demo paper, its source and results.
+
+    The results are written as from a clean commit (whatever the state of this checkout).
+    """
+    monkeypatch.setattr(runner, "environment", lambda: dict(CLEAN_ENV))
+    root, demo = _demo_project(tmp_path)
     for mode in ("quick", "full"):
         run_paper(demo, mode=mode, out_dir=root / "results", experiment=demo_experiment(), show_progress=False)
     return root, demo
@@ -87,13 +93,7 @@ def _git(root, *args):
 @pytest.fixture
 def git_tree(tmp_path, monkeypatch):
     """The demo tree as a git repository whose results name its commit (as from a clean checkout)."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    (root / "pyproject.toml").write_text('[project]\nname = "icml26"\n')
-    shutil.copy(ROOT / "README.md", root / "README.md")
-    demo = write_demo_card(root)
-    (demo.folder / "README.md").write_text(PAPER_README)
-    (demo.folder / "experiment.py").write_text("GAP = 0.1\n")
+    root, demo = _demo_project(tmp_path)
     _git(root, "init", "-q")
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "card")

@@ -612,17 +612,14 @@ def test_score_keys_equals_score_under_each_key():
     assert [s["enough"] for s in few] == [False, False] and "scored" in few[0]["reason"]
 
 
+def _tiny_cfg(null_keys: int):
+    """The smoke preset cut to seconds: 6 utterances, 3 codec and LM steps, 2 generations, 3 null clips."""
+    return dataclasses.replace(PRESETS["smoke"], n_utterances=6, codec_steps=3, lm_steps=3, n_generations=2,
+                               n_unwatermarked=3, null_keys=null_keys, attacks=("identity",))
+
+
 def test_experiment_runs_four_delayed_streams_with_an_empirical_null_over_keys():
-    cfg = dataclasses.replace(
-        PRESETS["smoke"],
-        n_utterances=6,
-        codec_steps=3,
-        lm_steps=3,
-        n_generations=2,
-        n_unwatermarked=3,
-        null_keys=4,
-        attacks=("identity",),
-    )
+    cfg = _tiny_cfg(null_keys=4)
     res = run(cfg)
     assert (
         PRESETS["quick"].levels == 4 and PRESETS["quick"].n_unwatermarked * PRESETS["quick"].null_keys >= 1000
@@ -689,16 +686,7 @@ def test_every_unit_has_ids_that_name_its_clip_and_key():
     i under its own key (its outcome is the clip's own-key outcome). No held_out: no clip is trained or tuned on."""
     from icml26.audio_watermark.experiment import clip_ids
 
-    cfg = dataclasses.replace(
-        PRESETS["smoke"],
-        n_utterances=6,
-        codec_steps=3,
-        lm_steps=3,
-        n_generations=2,
-        n_unwatermarked=3,
-        null_keys=2,
-        attacks=("identity",),
-    )
+    cfg = _tiny_cfg(null_keys=2)
     res = run(cfg)
     assert set(res.unit_ids) == set(res.units) == {"clips", "unwatermarked_clips", "null_scores"}
     for unit, ids in res.unit_ids.items():
