@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     while jobs or running:
         while jobs and len(running) < args.jobs:
             slug, mode = jobs.pop(0)
-            log = open(base / f"{slug}-{mode}.log", "w")  # noqa: SIM115 - closed with the process
+            log = open(base / f"{slug}-{mode}.log", "w")
             proc = subprocess.Popen([sys.executable, "-m", "icml26", "reproduce", slug, "--mode", mode, "--out",
                                      str(tree / "results"), "--force"], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
             running.append((slug, mode, proc, time.time()))

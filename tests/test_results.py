@@ -214,7 +214,7 @@ def test_unit_ids_per_metric():
                   unit_ids={"a.x": ["p", "q", "r"], "a.pooled": ["p+q", "r"]},
                   held_out={"a.x": {"train": ["s", "p"], "validation": []}})
     assert run.overlap() == {"a.x": {"train": 1, "validation": 0}}
-    with pytest.raises(ValueError, match="has 2 ids but a.x has 3"):
+    with pytest.raises(ValueError, match=r"has 2 ids but a\.x has 3"):
         SeedRun({}, units={"items": {"a": {"x": [1, 0, 1]}}}, unit_ids={"a.x": ["p", "q"]})
     with pytest.raises(ValueError, match="no per-unit values"):
         SeedRun({}, units={"items": {"a": {"x": [1, 0, 1]}}}, unit_ids={"a.y": ["p", "q", "r"]})
