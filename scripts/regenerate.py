@@ -61,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     while jobs or running:
         while jobs and len(running) < args.jobs:
             slug, mode = jobs.pop(0)
-            log = open(base / f"{slug}-{mode}.log", "w")
-            proc = subprocess.Popen([sys.executable, "-m", "icml26", "reproduce", slug, "--mode", mode, "--out",
-                                     str(tree / "results"), "--force"], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+            with open(base / f"{slug}-{mode}.log", "w") as log:  # the child keeps its own copy of the handle
+                proc = subprocess.Popen([sys.executable, "-m", "icml26", "reproduce", slug, "--mode", mode,
+                                         "--out", str(tree / "results"), "--force"],
+                                        cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
             running.append((slug, mode, proc, time.time()))
             print(f"started {slug} {mode} at {sha[:10]}", flush=True)
         time.sleep(2)
