@@ -3,7 +3,9 @@
 The level simulation draws data at the boundary of a check (the true compared quantity equals the threshold)
 with a seed-level spread of the effect, decides it with the real ``Check.evaluate`` and counts "holds"; at the
 boundary a 95 % one-sided bound should say "holds" at most 5 % of the time. The test asks <= 6 %; the fast
-tier runs fewer draws and allows its Monte Carlo error (two standard errors of a 5 % rate) on top.
+tier runs fewer draws and allows its Monte Carlo error (two standard errors of a 5 % rate) on top. Rates are
+drawn at thresholds 0.2 and 0.05 with normal seed-level spread (clipped to [0, 1]) and, separately, with
+Beta-distributed (skewed) seed-level rates, whose known limit is stated below.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from icml26.common.claims import clopper_pearson, parse_check
 #: the project's designs (runs x units per run) and the seed-level spread of the effect, in unit sds
 DESIGNS = ((3, 48), (3, 60), (5, 60), (3, 600))
 SPREADS = (0.0, 0.05, 0.1, 0.2, 0.3)
-KINDS = ("continuous", "rate", "paired01", "shared")
+KINDS = ("continuous", "rate", "rate05", "paired01", "shared")
 
 
 def arms(unit="units", **series):
@@ -34,9 +36,14 @@ def arms(unit="units", **series):
 
 def draw(kind: str, g: int, m: int, spread: float, rng: np.random.Generator, effect: float = 0.0):
     """One data set at the boundary (``effect`` = 0) of the kind's check; returns (check, arms, unit_ids)."""
-    if kind == "rate":  # a rate against its threshold, e.g. a false-positive rate <= 0.2
-        p0 = 0.2
-        ps = np.clip(p0 - effect + spread * math.sqrt(p0 * (1 - p0)) * rng.standard_normal(g), 0, 1)
+    if kind.startswith("rate"):  # a rate against its threshold, e.g. a false-positive rate <= 0.2 (or 0.05)
+        p0 = 0.05 if kind.endswith("05") else 0.2
+        mu, sd = p0 - effect, spread * math.sqrt(p0 * (1 - p0))
+        if kind.startswith("rate_beta"):  # the seed-level rates Beta-distributed (skewed) instead of normal
+            k = mu * (1 - mu) / sd**2 - 1 if sd > 0 else math.inf
+            ps = rng.beta(mu * k, (1 - mu) * k, g) if sd > 0 else np.full(g, mu)
+        else:
+            ps = np.clip(mu + sd * rng.standard_normal(g), 0, 1)
         return (parse_check(f"a.x <= {p0} over units"),
                 arms(a__x=[(rng.random(m) < p).astype(float) for p in ps]), None)
     if kind == "paired01":  # a paired difference of 0/1 outcomes, e.g. accuracy of two arms on one prompt
@@ -75,24 +82,33 @@ def test_level_at_the_boundary_fast(kind, design):
     assert worst <= 0.06 + _mc_allowance(reps), (kind, design, worst)
 
 
-#: measured: a rate over 3 x 48 units with a seed-level spread of 0.3 unit sd says "holds" at the boundary 6.0 %
-#: of the time (16,000 draws over four RNG seeds: 6.05, 5.80, 5.98, 6.20 %), at the bar: the t over three run
-#: means of skewed 0/1 rates is slightly liberal there. Planned: an exact floor on the effective number of
-#: distinct units (N over the design effect) instead of N; it changes stored verdicts, so it waits for a
-#: regeneration of every result.
-AT_THE_BAR = {("rate", (3, 48))}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("design", DESIGNS)
-def test_level_at_the_boundary(kind, design, request):
+def test_level_at_the_boundary(kind, design):
     """<= 6 % at every spread, 4,000 draws each (Monte Carlo standard error 0.34 % at a true 5 %)."""
-    if (kind, design) in AT_THE_BAR:
-        request.applymarker(pytest.mark.xfail(reason="level 6.0 % at this design: at the bar (AT_THE_BAR)",
-                                              strict=False))
     reps = 4000
     rates = {spread: holds_rate(kind, *design, spread, reps, seed=3) for spread in SPREADS}
+    assert max(rates.values()) <= 0.06, (kind, design, rates)
+
+
+#: Seed-level rates drawn from a Beta (skewed: rates near 0 vary mostly upwards) instead of a normal. Up to a
+#: spread of 0.05 unit sd the level holds at every design (and up to 0.1 at all but one); beyond it the t over
+#: three to five run means is liberal, and no interval over so few runs can repair that without a model of the
+#: seeds' distribution.
+#: Measured under verdicts v4 (4,000 draws each, "holds" at the boundary in %), the cells beyond the bar:
+#: threshold 0.2: 3x60 6.7 (spread 0.3), 5x60 6.1 (0.3), 3x600 6.9 (0.3); threshold 0.05: 3x48 6.7 (0.3),
+#: 3x60 7.1 (0.3), 5x60 6.8 / 11.4 (0.2 / 0.3), 3x600 6.1 / 8.2 / 12.8 (0.1 / 0.2 / 0.3). Stated in
+#: ``common/claims.py`` as the rules' known limit; v3 (no score scaling) gave 9-22 % there.
+BETA_SPREADS = (0.0, 0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ("rate_beta", "rate_beta05"))
+@pytest.mark.parametrize("design", DESIGNS)
+def test_level_with_skewed_seed_rates(kind, design):
+    reps = 4000
+    rates = {spread: holds_rate(kind, *design, spread, reps, seed=3) for spread in BETA_SPREADS}
     assert max(rates.values()) <= 0.06, (kind, design, rates)
 
 
@@ -169,22 +185,32 @@ def test_binary_runs_no_narrower_than_exact_on_distinct_units():
     out = parse_check("m.fp <= 0.05 over incidents").evaluate(arms("incidents", m__fp=runs))
     lo, hi = clopper_pearson(3, 144)
     assert out.interval[1] >= hi and out.interval[0] <= lo and "floored" in out.test
-    assert "Clopper-Pearson on 144 distinct units" in out.test
+    assert "Clopper-Pearson on 141.986 effective distinct units (design effect 1.01)" in out.test
     # two seeds that gave the very same units are one run: 96 distinct units, not 144
     same = parse_check("m.fp <= 0.05 over incidents").evaluate(arms("incidents", m__fp=[runs[0], runs[0], runs[1]]))
     assert same.design == {"clusters": 2, "distinct_units": 96, "design_effect": same.design["design_effect"],
                            "within_duplicates": 0}
 
 
-def test_legacy_rules_unchanged():
-    """``rules=2`` reproduces the pooled interval that results written before v3 stored."""
+def test_exact_floor_on_effective_units_v4_and_v3_kept():
+    """v4 floors 0/1 bounds with Clopper-Pearson on the distinct units over the design effect; ``rules=3``
+    (distinct units only) still re-decides results written under it; other rules are refused."""
     rng = np.random.default_rng(6)
-    seeds = [rng.normal(0.3, 1.0, 100) for _ in range(3)]
-    out = parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), rules=2)
-    lo, hi = stats.ttest_1samp(np.concatenate(seeds), 0.0).confidence_interval(confidence_level=0.90)
-    assert out.interval == pytest.approx((lo, hi)) and out.design is None
-    with pytest.raises(ValueError, match="rules"):
-        parse_check("m.x >= 0.0 over items").evaluate(arms("items", m__x=seeds), rules=1)
+    # three runs whose rates differ well beyond their binomial noise: design effect > 1
+    runs = [(rng.random(48) < p).astype(float) for p in (0.05, 0.30, 0.12)]
+    data = arms("incidents", m__fp=runs)
+    check = parse_check("m.fp <= 0.2 over incidents")
+    v4, v3 = check.evaluate(data), check.evaluate(data, rules=3)
+    k, n = int(sum(r.sum() for r in runs)), 144
+    deff = v4.design["design_effect"]
+    assert deff > 1 and v4.design == v3.design
+    lo4, hi4 = stats.beta.ppf(0.05, k / deff, (n - k) / deff + 1), stats.beta.ppf(0.95, k / deff + 1, (n - k) / deff)
+    assert v4.interval[1] >= hi4 - 1e-12 and v4.interval[0] <= lo4 + 1e-12
+    assert v3.interval[1] <= v4.interval[1] and f"effective distinct units (design effect {deff:.3g})" in v4.test
+    assert "Clopper-Pearson on 144 distinct units" in v3.test
+    for bad in (2, 5):
+        with pytest.raises(ValueError, match="rules"):
+            check.evaluate(data, rules=bad)
 
 
 def test_ids_per_metric_take_precedence_and_must_agree_between_paired_refs():

@@ -276,3 +276,29 @@ def test_median_ms_calls_each_round_and_refuses_no_rounds():
     assert len(calls) == 5
     with pytest.raises(ValueError, match="rounds"):
         median_ms(lambda: None, 0)
+
+
+def test_power_takes_the_seed_spread_from_full_when_quick_has_one_run():
+    from types import SimpleNamespace
+
+    from icml26.common.claims import parse_check
+    from icml26.report import power_statement
+
+    check = parse_check("m.x - b.x >= 0.05 over items")
+    headline = SimpleNamespace(id="gain", check=check, power_why="")
+    paper = SimpleNamespace(headline=headline, modes={"full": SimpleNamespace(seeds=[10, 11, 12])})
+
+    def result(shifts):
+        units = [[0.1 + s + 0.01 * (i % 5) for i in range(40)] for s in shifts]
+        arms = {"m": {"x": {"values": [sum(u) / 40 for u in units], "unit_values": units, "unit": "items"}},
+                "b": {"x": {"values": [0.0] * len(shifts), "unit_values": [[0.0] * 40 for _ in shifts],
+                            "unit": "items"}}}
+        return {"arms": arms, "claims": [{"id": "gain", "estimate": 0.1}]}
+
+    quick, full = result([0.0]), result([0.0, 0.2, -0.15])
+    alone = power_statement(paper, quick, None)
+    both = power_statement(paper, quick, full)
+    assert alone["seed_spread_from"] is None and both["seed_spread_from"] == "full"
+    # the full runs' spread (0.18 sd between run means) dominates the units' own noise
+    assert both["full_detectable"] > 5 * alone["full_detectable"]
+    assert power_statement(paper, full, None)["seed_spread_from"] == "quick"

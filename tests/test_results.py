@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from icml26.common import io as icml_io
+from icml26.common.claims import RULES
 from icml26.common.results import (
     ResultSchemaError,
     SeedRun,
@@ -28,9 +29,12 @@ def good_result() -> dict:
                     "min_effect_why": "w", "paper": {"value": "1", "where": "T1", "scale": "s"},
                     "ours": "method.acc = 0.85", "verdict": "holds", "holds": True, "estimate": 0.85,
                     "interval": [0.53, 1.17], "test": "t", "units": "2 seed(s)", "per_seed": [0.8, 0.9],
-                    "why": "w", "notes": []}],
+                    "why": "w", "notes": [], "direction": "higher", "headline": True,
+                    "design": {"clusters": 2, "distinct_units": 2, "design_effect": 1.0, "within_duplicates": 0}}],
         "provenance": {"card_sha256": "0" * 64, "sources": {}},
         "env": {"python": "3.11"}, "complete": True, "wall_s": 1.5, "created": "2026-11-30T00:00:00+00:00",
+        "rules": RULES, "unit_ids": {}, "overlap": {},
+        "headline": {"id": "c", "verdict": "holds", "decidable": True, "preconditions": {}},
     }
 
 
@@ -88,6 +92,9 @@ def test_seedrun_rejects_bad_metrics(metrics):
 def test_validate_accepts_and_rejects():
     validate_result(good_result())
     for mutate, msg in [
+        (lambda d: d.pop("rules"), "must be regenerated"),
+        (lambda d: d.update(rules=2), "must be regenerated"),
+        (lambda d: d["claims"][0].pop("design"), "missing keys"),
         (lambda d: d.pop("env"), "missing keys"),
         (lambda d: d.update(mode="fast"), "mode must be"),
         (lambda d: d.update(seeds=[]), "seeds"),
@@ -162,8 +169,8 @@ def test_written_files_get_plain_permissions(tmp_path):
     assert stat.S_IMODE((tmp_path / "p.png").stat().st_mode) == 0o644
 
 
-def test_committed_v3_results_are_strict_json():
-    """Results decided under verdicts v3 hold no bare NaN/Infinity (strict parsers reject them); non-finite
+def test_committed_results_are_strict_json():
+    """Committed results hold no bare NaN/Infinity (strict parsers reject them); non-finite
     numbers are written as null and read back as NaN."""
     import json
 
@@ -174,8 +181,6 @@ def test_committed_v3_results_are_strict_json():
 
     for path in sorted((ROOT / "results").glob("*/*.json")):
         text = path.read_text(encoding="utf-8")
-        if '"rules": 3' not in text:
-            continue
         json.loads(text, parse_constant=refuse)
 
 

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from icml26 import registry
+from icml26.common.claims import RULES
 from icml26.common.results import SeedRun, read_result
 from icml26.runner import MissingExtrasError, NotImplementedPaperError, ReproduceError, run_paper
 
@@ -33,7 +34,7 @@ def test_writes_a_valid_result_with_computed_claims(demo, tmp_path):
     assert claims["runs"]["kind"] == "sanity" and claims["gain"]["kind"] == "evidence"
     assert claims["items"]["units"] == "240 distinct items in 3 run(s) (80 per seed x 3 seed(s)), paired"
     assert claims["items"]["design"]["clusters"] == 3 and claims["items"]["direction"] == "higher"
-    assert result["rules"] == 3 and result["overlap"] == {"items": {"train": [0, 0, 0], "validation": [0, 0, 0]}}
+    assert result["rules"] == RULES and result["overlap"] == {"items": {"train": [0, 0, 0], "validation": [0, 0, 0]}}
     assert result["unit_ids"]["items"][1][:2] == ["s1-0", "s1-1"]
     assert result["headline"] == {"id": "gain", "verdict": "holds", "preconditions": {}, "decidable": True}
     assert result["arms"]["method"]["correct"]["unit"] == "items"

@@ -227,7 +227,7 @@ def card_history(git: Git, slug: str) -> list[CardChange]:
 
 def render_card_history(changes: list[CardChange], first_result: str | None) -> str:
     """The Markdown table of ``card_history``."""
-    from .report import markdown_table
+    from .common.results import markdown_table
 
     if not changes:
         since = f" (first result: {first_result[:10]})" if first_result else ""

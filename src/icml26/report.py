@@ -18,6 +18,7 @@ incomplete; a number typed into a paper README's prose that repeats a measured v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -26,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.claims import VERDICTS, Check, components, describe_interval, describe_stat
+from .common.claims import RULES, VERDICTS, Check, components, describe_interval, describe_stat
 from .common.io import atomic_write_text
 from .common.repro import provenance
-from .common.results import ResultSchemaError, read_result, summarize
+from .common.results import ResultSchemaError, markdown_table, read_result, summarize
 from .history import (
     Git,
     card_at,
@@ -92,18 +93,6 @@ def replace_block(text: str, name: str, content: str, *, where: str = "file") ->
     return text[: i + len(begin)] + "\n" + content.rstrip("\n") + "\n" + text[j:]
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(headers: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
-    """A GitHub Markdown table."""
-    headers = list(headers)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _result_path(results_dir: Path, slug: str, mode: str) -> Path:
     return results_dir / slug / f"{mode}.json"
 
@@ -131,8 +120,8 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
     """Everything wrong with a stored result: recomputed numbers, card agreement, provenance.
 
     Every mean, std, per-unit mean, verdict, estimate, interval, test, units and ``ours`` text is recomputed
-    from the stored values with the rules the result was decided by (``rules``: 3, or 2 for results written
-    before verdicts v3); claims (text, check, kind, direction, headline flag, minimum-effect reason, paper
+    from the stored values with the rules the result was decided by (``rules``: 4, or 3 for results written
+    before verdicts v4); claims (text, check, kind, direction, headline flag, minimum-effect reason, paper
     value) and seeds are compared with the card; the tree the result came from must have been clean and its
     source files must hash as they do now. With ``git``: ``env.git_sha`` must be a commit of this branch, the
     card and source hashes must be those of that commit, and the card's decision fields then must equal the
@@ -172,7 +161,7 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
             continue
         try:
             fresh = claim_entry(claim, data["arms"], stored.get("notes", []), data.get("unit_ids"),
-                                rules=data.get("rules", 2))
+                                rules=data["rules"])
         except (KeyError, ValueError) as exc:
             out.append(f"{path}: claim {cid!r} cannot be recomputed from the stored arms: {exc.args[0]}")
             continue
@@ -180,13 +169,12 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
         if differ:
             detail = "; ".join(f"{k}: stored {stored.get(k)!r}, recomputed {fresh[k]!r}" for k in differ[:3])
             out.append(f"{path}: claim {cid!r} does not follow from the stored values or the card ({detail})")
-    if data.get("rules", 2) >= 3:
-        head = headline_entry(paper, data["claims"]) if paper.headline.id in card else None
-        if head is not None and not _close(head, data.get("headline")):
-            out.append(f"{path}: its headline entry does not follow from its claims ({data.get('headline')!r})")
-        leaks = {u: c for u, c in data.get("overlap", {}).items() if any(any(v) for v in c.values())}
-        if leaks:
-            out.append(f"{path}: test units overlap training or validation units {leaks}; rerun {regen}")
+    head = headline_entry(paper, data["claims"]) if paper.headline.id in card else None
+    if head is not None and not _close(head, data.get("headline")):
+        out.append(f"{path}: its headline entry does not follow from its claims ({data.get('headline')!r})")
+    leaks = {u: c for u, c in data.get("overlap", {}).items() if any(any(v) for v in c.values())}
+    if leaks:
+        out.append(f"{path}: test units overlap training or validation units {leaks}; rerun {regen}")
     if git is not None:
         out.extend(provenance_problems(git, paper.slug, data, str(path)))
         sha = str(data.get("env", {}).get("git_sha") or "")
@@ -332,8 +320,8 @@ def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | No
     if head is not None and not head["decidable"]:
         pending = ", ".join(f"{k} {v}" for k, v in head["preconditions"].items() if v != "holds")
         cell = f"not decidable in this world ({pending}); measured: {cell}"
-    if data.get("rules", 2) < 3:
-        cell += " (verdicts v2)"
+    if data["rules"] < RULES:
+        cell += f" (verdicts v{data['rules']})"
     return cell
 
 
@@ -349,7 +337,8 @@ def min_effect(check: Check) -> float | None:
 def power_statement(paper: Paper, quick: Mapping[str, Any] | None, full: Mapping[str, Any] | None
                     ) -> dict[str, Any] | None:
     """The headline's power, from the quick result's variance: quick's power at the minimum effect, and the
-    smallest effect the full preset detects with power 0.8 (its seeds, the full result's units per seed)."""
+    smallest effect the full preset detects with power 0.8 (its seeds, the full result's units per seed). Where
+    quick has one distinct run, the seed-to-seed spread comes from the full result (when it has runs)."""
     claim = paper.headline
     if quick is None or claim.id not in {c["id"] for c in quick["claims"]}:
         return None
@@ -359,6 +348,16 @@ def power_statement(paper: Paper, quick: Mapping[str, Any] | None, full: Mapping
         return None
     if comp is None:
         return None
+    spread_from = "quick" if comp.runs > 1 else None
+    if comp.runs == 1 and full is not None:
+        # one distinct quick run measures no seed-to-seed spread: take it from the full result's runs
+        try:
+            full_comp = components(claim.check, full["arms"], full.get("unit_ids"))
+        except (KeyError, ValueError):
+            full_comp = None
+        if full_comp is not None and full_comp.runs > 1:
+            comp = dataclasses.replace(comp, between=full_comp.between)
+            spread_from = "full"
     units_full = comp.units_per_run
     if full is not None and claim.check.pairing not in ("seeds", "exactly"):
         try:
@@ -374,7 +373,7 @@ def power_statement(paper: Paper, quick: Mapping[str, Any] | None, full: Mapping
     mde = comp.detectable(runs_full, units_full)
     return {"quick_power": comp.power(effect, comp.runs, comp.units_per_run), "full_detectable": mde,
             "min_effect": effect, "enough": mde <= effect, "runs_full": runs_full, "units_full": units_full,
-            "seed_spread_measured": comp.runs > 1, "ratio": claim.check.combine == "/",
+            "seed_spread_from": spread_from, "ratio": claim.check.combine == "/",
             "one_ref": claim.check.baseline is None, "over_seeds": claim.check.pairing == "seeds"}
 
 
@@ -414,8 +413,9 @@ def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]])
         "counted as a cluster, each distinct unit once. Full mode decides; quick runs other seeds and checks "
         "the pipeline (its power, from its own variance, is beside it). A headline is *not decidable in this "
         "world* unless every precondition of its mode holds. Sanity checks (true by construction) and "
-        "preconditions are shown in the papers' READMEs and not counted. \"(verdicts v2)\" marks a result "
-        "written before verdicts v3 (units pooled across seeds), still to be regenerated.")
+        "preconditions are shown in the papers' READMEs and not counted. \"(verdicts v3)\" marks a result "
+        "decided by the previous rules (0/1 outcomes floored on distinct, not effective, units), still to be "
+        "regenerated.")
 
 
 def render_claims(data: Mapping[str, Any]) -> str:
@@ -437,9 +437,10 @@ def render_power(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any
     if power is None:
         return ""
     ratio = power["ratio"]
+    spread = {"quick": "", "full": "; one distinct quick run, so the seed-to-seed spread is the full result's",
+              None: "; one distinct quick run and no full spread, so the seed-to-seed spread is taken as 0"}
     text = (f"**Power of the headline** (`{paper.headline.id}`, from the quick result's variance"
-            + ("" if power["seed_spread_measured"] else "; one distinct quick run, so the seed-to-seed spread is "
-               "not measured and taken as 0") + "): "
+            + spread[power["seed_spread_from"]] + "): "
             + ("the quick estimate lies " if power["one_ref"] else "the minimum effect is ")
             + f"{_effect_text(power['min_effect'], ratio)}"
             + (" from the threshold" if power["one_ref"] else "")
@@ -464,7 +465,7 @@ def render_paper(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any
         if data is None:
             continue
         env = data["env"]
-        rules = "verdicts v3" if data.get("rules", 2) >= 3 else "verdicts v2 (units pooled; to be regenerated)"
+        rules = f"verdicts v{data['rules']}" + ("" if data["rules"] >= RULES else " (to be regenerated)")
         parts.append(
             f"### {mode} mode — seeds {', '.join(map(str, data['seeds']))}; {data['wall_s']:.0f} s; "
             f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}; {rules}; evidence holds / "
@@ -591,7 +592,7 @@ def update(root: str | Path | None = None, *, check: bool = False, results_dir: 
             if data is not None:
                 loaded[p.slug, mode] = data
         quick, full = loaded.get((p.slug, "quick")), loaded.get((p.slug, "full"))
-        if quick and full and quick.get("rules", 2) >= 3 and full.get("rules", 2) >= 3:
+        if quick and full:
             shared = sorted(set(quick["seeds"]) & set(full["seeds"]))
             if shared:
                 problems.append(f"{p.slug}: quick and full share seeds {shared}; full must replicate on seeds "

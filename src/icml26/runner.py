@@ -101,8 +101,7 @@ def claim_entry(claim: Claim, arms: dict[str, Any], notes: Sequence[str] = (),
                 unit_ids: dict[str, Any] | None = None, *, rules: int = RULES) -> dict[str, Any]:
     """The result JSON's entry for ``claim`` decided on ``arms`` (what ``icml26 report --check`` recomputes).
 
-    ``rules=2`` gives the entry of a result written before verdicts v3 (no ``direction``/``headline``/
-    ``design``).
+    ``rules=3`` gives the entry of a result written under verdicts v3 (see ``Check.evaluate``).
 
     Raises:
         KeyError, ValueError: the check does not fit the arms (see ``Check.evaluate``).
@@ -112,9 +111,8 @@ def claim_entry(claim: Claim, arms: dict[str, Any], notes: Sequence[str] = (),
              "min_effect_why": claim.min_effect_why, "paper": claim.paper.as_dict(),
              "ours": ours_text(claim.check, arms, outcome), **outcome.as_dict()}
     entry["notes"] = list(notes)
-    if rules >= 3:
-        entry["direction"] = claim.direction
-        entry["headline"] = claim.headline
+    entry["direction"] = claim.direction
+    entry["headline"] = claim.headline
     return entry
 
 

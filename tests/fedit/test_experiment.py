@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from icml26.common.claims import RULES
 from icml26.fedit import experiment
 from icml26.fedit.baselines import fisher, stouffer
 from icml26.fedit.data import shared_shifts
@@ -28,7 +29,7 @@ def test_smoke_run_through_the_cli(tmp_path):
     assert (tmp_path / "fedit" / "smoke_level_and_power.png").is_file()
     # verdicts v3: every per-replication metric carries its ids; no held-out set
     per_unit = {f"{a}.{m}" for a, ms in data["arms"].items() for m, st in ms.items() if "unit" in st}
-    assert data["rules"] == 3 and set(data["unit_ids"]) == per_unit and data["overlap"] == {}
+    assert data["rules"] == RULES and set(data["unit_ids"]) == per_unit and data["overlap"] == {}
     for key, per_seed in data["unit_ids"].items():
         arm, metric = key.split(".")
         assert [len(s) for s in per_seed] == [len(s) for s in data["arms"][arm][metric]["unit_values"]]

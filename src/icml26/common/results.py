@@ -10,8 +10,8 @@
      "provenance": {"card_sha256", "sources": {path: sha256}},
      "env":    {python, torch, numpy, packages, git_sha, git_dirty, cpu, threads, ...},
      "complete", "wall_s", "created",
-     # verdicts v3 (absent in results written before it, which are verified with the v2 rules):
-     "rules": 3,
+     # the verdict rules that decided the claims (common/claims.py RULES; 3 or 4):
+     "rules": 4,
      "unit_ids": {UNIT: [[id per unit] per seed]},            # what each unit is (prompt hash, episode, ...)
      "overlap":  {UNIT: {"train": [n per seed], "validation": [n per seed]}},   # test ids also used there
      "headline": {"id", "verdict", "decidable", "preconditions": {id: verdict}}}
@@ -36,12 +36,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .claims import CLAIM_KINDS, RULES, VERDICTS, is_number_list
+from .claims import CLAIM_KINDS, SUPPORTED_RULES, VERDICTS, is_number_list
 from .io import atomic_write_text
 
 SCHEMA_KEYS = ("slug", "mode", "seeds", "config", "arms", "claims", "provenance", "env", "complete", "wall_s",
@@ -156,6 +156,25 @@ class SeedRun:
     def unit_of(self, arm: str, metric: str) -> str | None:
         """The unit name of ``arm.metric``'s per-unit values, or ``None``."""
         return next((u for u, by_arm in self.units.items() if metric in by_arm.get(arm, {})), None)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headers: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    """A GitHub Markdown table (``|`` in a cell escaped, newlines folded).
+
+    Example:
+        >>> print(markdown_table(["a", "b"], [[1, "x|y"]]))
+        | a | b |
+        |---|---|
+        | 1 | x\\|y |
+    """
+    headers = list(headers)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _close(a: float, b: float) -> bool:
@@ -282,11 +301,11 @@ def validate_result(data: Mapping[str, Any]) -> None:
         raise ResultSchemaError("wall_s must be a non-negative number")
     if not isinstance(data["env"], Mapping):
         raise ResultSchemaError("env must be an object")
-    rules = data.get("rules", 2)
-    if rules not in (2, RULES):
-        raise ResultSchemaError(f"rules must be 2 (absent) or {RULES}, got {rules!r}")
-    if rules == RULES:
-        _validate_v3(data)
+    rules = data.get("rules")
+    if rules not in SUPPORTED_RULES:
+        raise ResultSchemaError(f"rules must be one of {SUPPORTED_RULES} (a result written before verdicts v3 "
+                                f"must be regenerated), got {rules!r}")
+    _validate_v3(data)
 
 
 def _validate_v3(data: Mapping[str, Any]) -> None:
