@@ -8,7 +8,7 @@ interleaved; the median CPU time per agent-decision is reported.
 
 With the ``bluesky`` extra installed (issue #27), two more rows: the same ``--bluesky-scenarios`` recorded
 ``greedy_kss`` scenarios (20 aircraft, seeds 0, 1, ...) replayed open loop in BlueSky headless
-(``sarl.bluesky_check.fly_bluesky``, step 0.5 s and BlueSky's default 0.05 s, state-based conflict detection) against
+(``sarl.lab.bluesky_check.fly_bluesky``, step 0.5 s and BlueSky's default 0.05 s, state-based conflict detection) against
 the batched core replaying the same clearances for all of them at once; CPU time per aircraft-decision (15 s of
 flight). Writes ``results/sarl/bench.json``; ``icml26 report`` renders it into the README. Run:
 ``.venv/bin/python benchmarks/sarl.py``.
@@ -136,7 +136,7 @@ def collector_rows(frames: int) -> list[dict]:
 def planner_row(decisions: int) -> dict:
     """CPU time per agent-decision of the ceiling candidate (``LookaheadPlanner``, then the shield) against
     ``greedy_kss`` on the same 20-aircraft streams scenarios."""
-    from icml26.sarl.planner import LookaheadPlanner, greedy_kss_actions
+    from icml26.sarl.lab.planner import LookaheadPlanner, greedy_kss_actions
 
     out = {}
     for name, act in (("greedy_kss", greedy_kss_actions), ("planner", LookaheadPlanner())):
@@ -180,7 +180,7 @@ def core_replay_arm(recs: list) -> float:
 
 def bluesky_arm(recs: list, dt: float) -> float:
     """CPU seconds per aircraft-decision of BlueSky replaying the same clearances (one scenario at a time)."""
-    from icml26.sarl.bluesky_check import fly_bluesky
+    from icml26.sarl.lab.bluesky_check import fly_bluesky
 
     elapsed, decisions = 0.0, 0
     for r in recs:
@@ -197,7 +197,7 @@ def bluesky_rows(n_scenarios: int, rounds: int) -> list[dict]:
     if not has("bluesky"):
         print("bluesky is not installed (pip install 'icml26[bluesky]'): no BlueSky rows")
         return []
-    from icml26.sarl.bluesky_check import bluesky, record
+    from icml26.sarl.lab.bluesky_check import bluesky, record
 
     bluesky()  # load BlueSky (navigation data) outside the timed region
     recs = [record(n_aircraft=N, seed=s, policy="greedy_kss", radius_nm=R) for s in range(n_scenarios)]

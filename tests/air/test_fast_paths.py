@@ -2,7 +2,7 @@
 
 Oracles: the RE2 binding's own ``finditer`` on ``str`` (for the span loop on UTF-8 bytes), contexts read at once on a
 twin responder (for the lazily built ``ctx`` lists read late), a plain ``dict`` (copies and pickles of a context),
-and the recursive walk (for the equal-mapping shortcut in ``diff``).
+and the recursive walk (``reference.slow_diff``, for the equal-mapping shortcut in ``diff``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 from icml26.air.dsl import compile_regex, findall_utf8, parse, spans_utf8
 from icml26.air.manifest import Manifest, ToolSpec
+from icml26.air.reference import slow_diff
 from icml26.air.responder import Context, DictState, IncidentResponder, ToolCall, diff
 
 PATTERNS = [r"\d+", r"a*", r"\b", r"(?i:ë+)|x", r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+", r"", r"$", r"\s*",
@@ -106,18 +107,6 @@ def test_context_copies_and_pickles_as_a_plain_dict():
         c["z"]
 
 
-def _slow_diff(before, after, path=""):
-    """``diff`` as it was: the identity shortcut, then a walk of every mapping."""
-    if before is after:
-        return []
-    if isinstance(before, dict) and isinstance(after, dict):
-        out = []
-        for k in sorted(set(before) | set(after), key=str):
-            out += _slow_diff(before.get(k), after.get(k), f"{path}.{k}" if path else str(k))
-        return out
-    return [] if before == after else [{"path": path, "before": before, "after": after}]
-
-
 def test_diff_with_the_equal_mapping_shortcut_equals_the_full_walk():
     rng = random.Random(3)
     nan = float("nan")
@@ -131,5 +120,5 @@ def test_diff_with_the_equal_mapping_shortcut_equals_the_full_walk():
     for _ in range(2000):
         a = value(0)
         b = copy.deepcopy(a) if rng.random() < 0.5 else value(0)
-        assert diff(a, b) == _slow_diff(a, b)
+        assert diff(a, b) == slow_diff(a, b)
         assert diff(a, a) == []

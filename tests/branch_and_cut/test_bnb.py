@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -31,6 +29,7 @@ from icml26.branch_and_cut import (
     tie_breaking_family,
 )
 from icml26.branch_and_cut.bnb import _fractional
+from icml26.branch_and_cut.reference import brute_min_tree
 
 
 @pytest.mark.parametrize("n", [3, 5, 7])
@@ -103,28 +102,12 @@ def test_optimum_matches_scipy_milp(seed):
     assert len(_fractional(m, ours.x)) == 0
 
 
-def _brute_min_tree(m, lb, ub, oracle):
-    """A plain recursion with no memo and no cut-offs: the oracle's independent check."""
-    r = oracle.solve(lb, ub)
-    if r.status == "infeasible":
-        return 1
-    cands = _fractional(m, r.x)
-    if len(cands) == 0:
-        return 1
-    best = math.inf
-    for j in cands:
-        dub, ulb = ub.copy(), lb.copy()
-        dub[j], ulb[j] = math.floor(r.x[j]), math.ceil(r.x[j])
-        best = min(best, 1 + _brute_min_tree(m, lb, dub, oracle) + _brute_min_tree(m, ulb, ub, oracle))
-    return best
-
-
 def test_min_tree_oracle_against_brute_force():
     for n in (1, 3):
         m = tie_breaking_family(n)
-        assert min_tree_size(m) == _brute_min_tree(m, m.lb, m.ub, LPOracle(m))
+        assert min_tree_size(m) == brute_min_tree(m, m.lb, m.ub, LPOracle(m))
     m = MILP([0.0] * 4, A_eq=[[2, 2, 2, 2]], b_eq=[3], ub=[1, 1, 1, 1])
-    assert min_tree_size(m) == _brute_min_tree(m, m.lb, m.ub, LPOracle(m))
+    assert min_tree_size(m) == brute_min_tree(m, m.lb, m.ub, LPOracle(m))
     with pytest.raises(ValueError, match="exceed max_n=4"):
         min_tree_size(tie_breaking_family(5), max_n=4)
 

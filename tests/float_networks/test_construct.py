@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from icml26.float_networks import ACTIVATIONS, construct, saturation_thresholds, ulp_distance, verify
+from icml26.float_networks.reference import same_bits, zero_sign_mismatch
 
 FORMATS = (torch.float32, torch.float16, torch.bfloat16)
-_INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 def _grid():
@@ -27,13 +27,6 @@ def _targets(n, dtype, seed, dim=1):
     return vals, grads
 
 
-def _same_bits(a, b):
-    """Bit equality with +0 == -0 (an independent check of verify's IEEE comparison)."""
-    a, b = a.contiguous(), b.contiguous()
-    zero = (a == 0) & (b == 0)
-    return bool(((a.view(_INT[a.dtype]) == b.view(_INT[b.dtype])) | zero).all())
-
-
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
 @pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
 def test_values_and_gradients_are_bit_exact(activation, dtype):
@@ -45,9 +38,9 @@ def test_values_and_gradients_are_bit_exact(activation, dtype):
     # an autograd path independent of verify(): torch.func on single points
     jac = torch.func.vmap(torch.func.grad(lambda xi: net(xi[None])[0]))(pts.to(dtype))
     out.sum().backward()
-    assert _same_bits(out.detach(), vals.to(dtype))
-    assert _same_bits(x.grad, grads[:, 0].to(dtype))
-    assert _same_bits(jac, grads[:, 0].to(dtype))
+    assert same_bits(out.detach(), vals.to(dtype))
+    assert same_bits(x.grad, grads[:, 0].to(dtype))
+    assert same_bits(jac, grads[:, 0].to(dtype))
     assert net.unreachable == []
 
 
@@ -86,7 +79,7 @@ def test_batched_equals_one_point_at_a_time():
     net = construct(pts, vals, grads, activation="silu", dtype=torch.bfloat16)
     x = pts.to(torch.bfloat16)
     one_by_one = torch.cat([net(x[i:i + 1]) for i in range(len(x))])
-    assert _same_bits(net(x), one_by_one)
+    assert same_bits(net(x), one_by_one)
 
 
 def test_phi_composition_and_unreachable_targets():
@@ -199,8 +192,8 @@ def test_hard_targets_are_hit_bit_for_bit(activation, dtype):
     assert net.unreachable == []
     assert (net.scale != 1).any()                                              # the scaling was needed
     jac = torch.func.vmap(torch.func.grad(lambda xi: net(xi[None])[0]))(pts.to(dtype))
-    assert _same_bits(net(pts.to(dtype)).detach(), vals.to(dtype))
-    assert _same_bits(jac, grads[:, 0].to(dtype))
+    assert same_bits(net(pts.to(dtype)).detach(), vals.to(dtype))
+    assert same_bits(jac, grads[:, 0].to(dtype))
     r = verify(net, pts, vals, grads)
     assert r.exact_grad_frac == 1.0 and r.nonfinite == 0
 
@@ -216,7 +209,7 @@ def test_signed_zeros_are_reported():
     x = pts.float().requires_grad_(True)
     net(x).sum().backward()
     # an independent bit check: which -0 targets came back with the other sign
-    other = (x.grad == 0) & (torch.signbit(x.grad) != torch.signbit(grads[:, 0].float()))
+    other = zero_sign_mismatch(x.grad, grads[:, 0])
     assert torch.equal(r.zero_sign_mismatch[:, 0], other)
     assert r.zero_sign_mismatch_frac == float(other.double().mean()) > 0
 

@@ -10,7 +10,7 @@ import pytest
 
 from icml26.common.optional import MissingExtraError, has
 from icml26.sarl import AirspaceCore, KinematicSafetyShield
-from icml26.sarl import bluesky_check as bc
+from icml26.sarl.lab import bluesky_check as bc
 from icml26.sarl.mappo import greedy_direct
 
 

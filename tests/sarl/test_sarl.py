@@ -538,7 +538,7 @@ def test_training_through_torchrl_still_learns():
 def test_planner_copies_are_exact_and_choices_valid():
     """The ceiling candidate's scenario copies evolve exactly as the original under the same instructions, and its
     instructions are valid and in the shield's safe set whenever it departs from greedy_kss."""
-    from icml26.sarl.planner import LookaheadPlanner, greedy_kss_actions, replicate
+    from icml26.sarl.lab.planner import LookaheadPlanner, greedy_kss_actions, replicate
 
     core = AirspaceCore(n_envs=2, n_aircraft=8, seed=4, scenario="streams", radius_nm=30.0, max_steps=60)
     for _ in range(5):

@@ -17,6 +17,12 @@ Two ways to run the same algorithm:
   SuperLink (simulation engine, or deployment engine with one SuperNode subprocess per client) on loopback
   ports, submits the app with ``flwr run`` and reads back the result and the ``Transcript``. No deprecated
   Flower call (``run_simulation``, ``start_simulation``) is used.
+- A paper's Flower App (fedit, fedtreelora, xfedalign) is built from the same pieces: ``flower_server_app`` /
+  ``flower_client_app`` (each bound with a plain ``server_app = ...`` / ``client_app = ...``: ``flwr run`` checks
+  the names of ``[tool.flwr.app.components]`` in the module's source, and a tuple assignment fails that check),
+  ``client_data_path`` / ``demo_clients`` (where a client finds its data: ``data-path``, ``data-dir`` or the
+  ``"demo"``), ``write_clients`` and ``run_flower_app`` (its data written one file per client, the app run on a
+  ``LocalFederation``, simulation or deployment engine).
 
 **Failure policy** (``FailurePolicy``, the same in both runners): a client that raises, or on Flower sends no
 answer within ``timeout`` seconds, is skipped for that round and recorded in ``Transcript.failures`` with a
@@ -707,3 +713,70 @@ class LocalFederation:
         self._procs.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+# ------------------------------------------------------------------------------------------ a paper's Flower App
+DEMO = "demo"
+"""``data-dir`` of the run config meaning "every client draws the paper's embedded data and keeps its part"."""
+WriteClient = Callable[[Path, Any], Path]
+"""``write_client(path, data)``: one client's data to an ``.npz`` its SuperNode reads (``data-path``); its path."""
+
+
+def client_data_path(partition_id: int, node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> str | None:
+    """Where client ``partition_id`` finds its data: its node's ``data-path``, else ``data-dir/client_<id>.npz``;
+    None when ``data-dir`` is ``"demo"`` (the paper's embedded data). Raises ``ValueError`` when there is none."""
+    path = str(node_config.get("data-path", ""))
+    data_dir = str(run_config.get("data-dir", ""))
+    if not path and data_dir and data_dir != DEMO:
+        path = str(Path(data_dir) / f"client_{partition_id}.npz")
+    if path:
+        return path
+    if data_dir == DEMO:
+        return None
+    raise ValueError("no data for this client: give its SuperNode --node-config 'data-path=\"...\"' or set "
+                     "data-dir in the run config")
+
+
+def demo_clients(partition_id: int, node_config: Mapping[str, Any], run_config: Mapping[str, Any],
+                 n_clients: int | None = None, *, world: str = "demo federation") -> int:
+    """Clients of the demo data (``n_clients``, else the simulation's ``num-partitions``, else the run config's
+    ``num-clients``); raises ``ValueError`` when ``partition_id`` is not one of them."""
+    k = n_clients or int(node_config.get("num-partitions", 0)) or int(run_config["num-clients"])
+    if not 0 <= partition_id < k:
+        raise ValueError(f"partition-id {partition_id} is outside the {world} of {k} clients")
+    return k
+
+
+def write_clients(clients: Sequence[Any], folder: str | Path, write_client: WriteClient) -> list[Path]:
+    """``folder/client_<k>.npz`` for every client, written by ``write_client`` (``data-dir`` reads them)."""
+    return [Path(write_client(Path(folder) / f"client_{k}.npz", data)) for k, data in enumerate(clients)]
+
+
+def run_flower_app(app_dir: str | Path, run_config: Mapping[str, Any], clients: Sequence[Any],
+                   write_client: WriteClient, *, engine: str = "simulation", timeout: float = 900.0,
+                   num_cpus: int = 2, home: str | Path | None = None, prefix: str = "icml26-") -> FlowerOutcome:
+    """Run the Flower App ``app_dir`` over ``clients`` on a local SuperLink, through ``flwr run``.
+
+    Each client's data goes to its own file (``write_client``) in a temporary folder. ``engine="simulation"``:
+    Flower's simulation engine (Ray), one virtual SuperNode per client, reading ``data-dir``;
+    ``"deployment"``: one SuperNode process per client, given only its own file (``--node-config``).
+
+    Args:
+        run_config: the app's run config (``num-clients`` and the paper's settings); ``data-dir`` is set here.
+        timeout: seconds for the whole run.
+        home: Flower's home directory (its logs); default: a temporary one.
+        prefix: of the temporary data folder's name.
+    """
+    if engine not in ("simulation", "deployment"):
+        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
+    if len(clients) == 0:
+        raise ValueError("clients must hold at least one client")
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        paths = write_clients(clients, tmp, write_client)
+        if engine == "simulation":
+            with LocalFederation(num_cpus=num_cpus, home=home) as federation:
+                return federation.run(app_dir, {**run_config, "data-dir": tmp}, num_supernodes=len(clients),
+                                      timeout=timeout)
+        nodes = [{"partition-id": k, "data-path": str(p)} for k, p in enumerate(paths)]
+        with LocalFederation(nodes, num_cpus=num_cpus, home=home) as federation:
+            return federation.run(app_dir, {**run_config, "data-dir": ""}, timeout=timeout)

@@ -18,7 +18,9 @@ and every SuperNode's, has ``icml26[fedit]`` installed (see the README's usage s
 
 ``run_local(query, clients)`` writes each client's data to its own file, starts a local SuperLink (and, for
 ``engine="deployment"``, one SuperNode per client) on loopback ports, runs the app with ``flwr run`` and returns
-the result and the transcript; ``FederatedIndependenceTest(runner="flower")`` uses it.
+the result and the transcript (``common.federation.run_flower_app``; ``FederatedIndependenceTest(runner="flower")``
+runs the same app the same way). The query's run config (``query_from_run_config``, ``run_config_of``) lives in
+``test.py``, the component below this module (this module imports it, never the reverse).
 
 Example (about a minute on two cores: Flower's simulation engine starts Ray first):
     >>> from icml26.fedit import FedITQuery
@@ -32,9 +34,7 @@ Example (about a minute on two cores: Flower's simulation engine starts Ray firs
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,63 +42,30 @@ import numpy as np
 from ..common.federation import (
     FailurePolicy,
     FlowerOutcome,
-    LocalFederation,
+    client_data_path,
+    demo_clients,
     flower_client_app,
     flower_server_app,
+    run_flower_app,
 )
 from ..common.optional import requires
 from .data import shared_shifts
-from .test import DP, FederatedIndependenceTest, FedITQuery, check_clients
+from .test import APP_DIR, FedITQuery, check_clients, query_from_run_config, run_config_of, write_client
 
 requires("flwr", extra="fedit", purpose="the Flower App of fedit")
-
-APP_DIR = Path(__file__).with_name("flower_app")
-"""The Flower App project (``flwr run`` takes this folder)."""
-DEMO = "demo"
-
-
-def query_from_run_config(run_config: Mapping[str, Any]) -> FedITQuery:
-    """The ``FedITQuery`` the run config describes (settings checked as ``FederatedIndependenceTest`` does)."""
-    epsilon = float(run_config["epsilon"])
-    privacy = DP(epsilon, float(run_config["delta"])) if epsilon > 0 else None
-    settings = FederatedIndependenceTest(
-        null=str(run_config["null"]), n_permutations=int(run_config["n-permutations"]),
-        random_features=int(run_config["random-features"]) or None, privacy=privacy,
-        copula=bool(run_config["copula"]))
-    settings._check_settings()
-    return FedITQuery(copula=settings.copula, null=settings.null, n_permutations=settings.n_permutations,
-                      random_features=settings.random_features, privacy=privacy, seed=int(run_config["seed"]))
-
-
-def run_config_of(query: FedITQuery, n_clients: int, policy: FailurePolicy | None = None) -> dict[str, Any]:
-    """The run config that makes the app run ``query`` over ``n_clients`` clients (inverse of the above)."""
-    return {"num-clients": int(n_clients), "null": query.null, "n-permutations": int(query.n_permutations),
-            "random-features": int(query.random_features or 0), "copula": bool(query.copula),
-            "epsilon": float(query.privacy.epsilon) if query.privacy else 0.0,
-            "delta": float(query.privacy.delta) if query.privacy else 1e-5, "seed": int(query.seed),
-            **(policy or FailurePolicy()).to_run_config()}
-
 
 def load_client(partition_id: int, node_config: Mapping[str, Any], run_config: Mapping[str, Any]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """This client's ``(X, Y)``: its node's ``data-path``, else ``data-dir/client_<id>.npz``, else the demo."""
-    path = str(node_config.get("data-path", ""))
-    data_dir = str(run_config.get("data-dir", ""))
-    if not path and data_dir and data_dir != DEMO:
-        path = str(Path(data_dir) / f"client_{partition_id}.npz")
+    path = client_data_path(partition_id, node_config, run_config)
     if path:
         with np.load(path) as arrays:
             X, Y = arrays["X"], arrays["Y"]
-    elif data_dir == DEMO:
-        k = int(node_config.get("num-partitions", 0)) or int(run_config["num-clients"])
-        if not 0 <= partition_id < k:
-            raise ValueError(f"partition-id {partition_id} is outside the demo federation of {k} clients")
+    else:
+        k = demo_clients(partition_id, node_config, run_config)
         logging.getLogger("flwr").info("client %d: the demo data (shared_shifts)", partition_id)
         X, Y = shared_shifts(np.random.default_rng(int(run_config["demo-seed"])), K=k,
                              dep=float(run_config["demo-dependence"]))[partition_id]
-    else:
-        raise ValueError("no data for this client: give its SuperNode --node-config 'data-path=\"...\"' or set "
-                         "data-dir in the run config")
     try:
         ((X, Y),) = check_clients([(X, Y)])
     except ValueError as exc:  # check_clients counts from 0 within its list; name the file instead
@@ -135,18 +102,5 @@ def run_local(query: FedITQuery, clients: Sequence[tuple[np.ndarray, np.ndarray]
         ``FlowerOutcome``: ``result`` (``(client statistics, TestResult)``, as ``run_in_process``), the
         ``transcript`` (what every client sent, who failed) and Flower's run id.
     """
-    if engine not in ("simulation", "deployment"):
-        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
-    config = run_config_of(query, len(clients), policy)
-    with tempfile.TemporaryDirectory(prefix="icml26-fedit-") as tmp:
-        paths = []
-        for k, (X, Y) in enumerate(clients):
-            paths.append(Path(tmp) / f"client_{k}.npz")
-            np.savez(paths[-1], X=np.asarray(X, dtype=np.float64), Y=np.asarray(Y, dtype=np.float64))
-        if engine == "simulation":
-            with LocalFederation(num_cpus=num_cpus) as federation:
-                return federation.run(APP_DIR, {**config, "data-dir": tmp}, num_supernodes=len(clients),
-                                      timeout=timeout)
-        nodes = [{"partition-id": k, "data-path": str(p)} for k, p in enumerate(paths)]
-        with LocalFederation(nodes, num_cpus=num_cpus) as federation:
-            return federation.run(APP_DIR, {**config, "data-dir": ""}, timeout=timeout)
+    return run_flower_app(APP_DIR, run_config_of(query, len(clients), policy), clients, write_client, engine=engine,
+                          timeout=timeout, num_cpus=num_cpus, prefix="icml26-fedit-")

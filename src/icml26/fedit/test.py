@@ -31,15 +31,16 @@ independence", NeurIPS 2007; K. Zhang et al., "Kernel-based conditional independ
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.stats
 from sklearn.base import BaseEstimator
 
-from ..common.federation import FederatedAlgorithm, Payload, run_in_process
+from ..common.federation import FailurePolicy, FederatedAlgorithm, Payload, run_flower_app, run_in_process
 from .core import (
     ClientStatistics,
     GaussianAccountant,
@@ -61,6 +62,8 @@ the exact-moment gamma null by client size and number of clients, and the validi
 rows): stacked clients of 4 to 8 rows keep the level near alpha, but a lone client of 4 rows (24 permutations,
 a coarse null) over-rejects clearly, while from 5 rows a lone client stays at or just under alpha + 0.02."""
 RUNNERS = ("in_process", "flower", "flower-deployment")
+APP_DIR = Path(__file__).with_name("flower_app")
+"""The Flower App project (``flwr run`` takes this folder; ``flower.py`` builds its apps)."""
 PRIVATE_NULL_DRAWS = 20_000
 """Monte Carlo draws of the private null (p-value resolution 1 / 20,001)."""
 
@@ -260,10 +263,10 @@ def _run(data: list[tuple[np.ndarray, np.ndarray]], *, null: str, n_permutations
                        privacy=privacy, seed=seed)
     if runner == "in_process":
         stats, result = run_in_process(query, data)
-    else:  # the Flower App of flower.py through a local SuperLink: simulation or deployment engine
-        from .flower import run_local
-
-        stats, result = run_local(query, data, engine="simulation" if runner == "flower" else "deployment").result
+    else:  # the Flower App (flower_app/, whose apps flower.py builds) on a local SuperLink
+        engine = "simulation" if runner == "flower" else "deployment"
+        stats, result = run_flower_app(APP_DIR, run_config_of(query, len(data)), data, write_client, engine=engine,
+                                       prefix="icml26-fedit-").result
     return wrap_result(stats, result, privacy, random_features, seed)
 
 
@@ -392,3 +395,34 @@ class FederatedIndependenceTest(BaseEstimator):
         self.noise_std_ = list(res.noise_std)
         self.epsilon_, self.delta_ = res.epsilon, res.delta
         return self
+
+
+# ------------------------------------------------------------------- the query as a Flower App's run config
+def query_from_run_config(run_config: Mapping[str, Any]) -> FedITQuery:
+    """The ``FedITQuery`` the run config describes (settings checked as ``FederatedIndependenceTest`` does)."""
+    epsilon = float(run_config["epsilon"])
+    privacy = DP(epsilon, float(run_config["delta"])) if epsilon > 0 else None
+    settings = FederatedIndependenceTest(
+        null=str(run_config["null"]), n_permutations=int(run_config["n-permutations"]),
+        random_features=int(run_config["random-features"]) or None, privacy=privacy,
+        copula=bool(run_config["copula"]))
+    settings._check_settings()
+    return FedITQuery(copula=settings.copula, null=settings.null, n_permutations=settings.n_permutations,
+                      random_features=settings.random_features, privacy=privacy, seed=int(run_config["seed"]))
+
+
+def run_config_of(query: FedITQuery, n_clients: int, policy: FailurePolicy | None = None) -> dict[str, Any]:
+    """The run config that makes the app run ``query`` over ``n_clients`` clients (inverse of the above)."""
+    return {"num-clients": int(n_clients), "null": query.null, "n-permutations": int(query.n_permutations),
+            "random-features": int(query.random_features or 0), "copula": bool(query.copula),
+            "epsilon": float(query.privacy.epsilon) if query.privacy else 0.0,
+            "delta": float(query.privacy.delta) if query.privacy else 1e-5, "seed": int(query.seed),
+            **(policy or FailurePolicy()).to_run_config()}
+
+
+def write_client(path: str | Path, client: tuple[np.ndarray, np.ndarray]) -> Path:
+    """Write one client's ``(X, Y)`` to an ``.npz`` (arrays ``X`` and ``Y``) its SuperNode reads (``data-path``)."""
+    X, Y = client
+    path = Path(path)
+    np.savez(path, X=np.asarray(X, dtype=np.float64), Y=np.asarray(Y, dtype=np.float64))
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")

@@ -54,19 +54,22 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..common import federation
 from ..common.federation import (
+    DEMO,
     FailurePolicy,
     FlowerOutcome,
-    LocalFederation,
+    client_data_path,
+    demo_clients,
     flower_client_app,
     flower_server_app,
+    run_flower_app,
 )
 from ..common.optional import requires
 from .baselines import (
@@ -85,7 +88,6 @@ requires("flwr", extra="fedtreelora", purpose="the Flower App of fedtreelora")
 
 APP_DIR = Path(__file__).with_name("flower_app")
 """The Flower App project (``flwr run`` takes this folder)."""
-DEMO = "demo"
 ARMS: dict[str, type[FederatedLoRA]] = {
     "fedtreelora": FedTreeLoRA, "local": LocalLoRA, "fedavg_lora": FedAvgLoRA, "ffa_lora": FFALoRA,
     "fedsa_lora": FedSALoRA, "fixed_depth": FixedDepthLoRA, "flat_cluster": FlatClusterLoRA,
@@ -210,7 +212,7 @@ def write_client(path: str | Path, data: ClientData) -> Path:
 
 def write_clients(clients: Sequence[ClientData], folder: str | Path) -> list[Path]:
     """``folder/client_<k>.npz`` for every client (``data-dir`` in the run config reads them)."""
-    return [write_client(Path(folder) / f"client_{k}.npz", data) for k, data in enumerate(clients)]
+    return federation.write_clients(clients, folder, write_client)
 
 
 def read_client(path: str | Path, partition_id: int) -> ClientData:
@@ -240,23 +242,16 @@ def read_client(path: str | Path, partition_id: int) -> ClientData:
 
 def load_client(partition_id: int, node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> ClientData:
     """This client's data: its node's ``data-path``, else ``data-dir/client_<id>.npz``, else the demo world."""
-    path = str(node_config.get("data-path", ""))
-    data_dir = str(run_config.get("data-dir", ""))
-    if not path and data_dir and data_dir != DEMO:
-        path = str(Path(data_dir) / f"client_{partition_id}.npz")
+    path = client_data_path(partition_id, node_config, run_config)
     if path:
         return read_client(path, partition_id)
-    if data_dir == DEMO:
-        world = World()
-        if not 0 <= partition_id < world.n_clients:
-            raise ValueError(f"partition-id {partition_id} is outside the demo world of {world.n_clients} clients")
-        logging.getLogger("flwr").info("client %d: the demo data (the planted rule world)", partition_id)
-        tok = trainer_from_run_config(run_config).tokenizer
-        clients = make_clients(world, tok, n_train=int(run_config["demo-train"]), n_val=int(run_config["demo-val"]),
-                               n_test=int(run_config["demo-test"]), seed=int(run_config["data-seed"]))
-        return clients[partition_id]
-    raise ValueError("no data for this client: give its SuperNode --node-config 'data-path=\"...\"' or set "
-                     "data-dir in the run config")
+    world = World()
+    demo_clients(partition_id, node_config, run_config, world.n_clients, world="demo world")
+    logging.getLogger("flwr").info("client %d: the demo data (the planted rule world)", partition_id)
+    tok = trainer_from_run_config(run_config).tokenizer
+    clients = make_clients(world, tok, n_train=int(run_config["demo-train"]), n_val=int(run_config["demo-val"]),
+                           n_test=int(run_config["demo-test"]), seed=int(run_config["data-seed"]))
+    return clients[partition_id]
 
 
 def summary(result: Mapping[str, Any]) -> str:
@@ -297,18 +292,7 @@ def run_local(algorithm: FederatedLoRA, clients: Sequence[ClientData], *, model_
         ``FlowerOutcome``: ``result`` (the final server state, as ``run_in_process``: ``val`` / ``test`` per client,
         ``log`` with the tree and cuts, ``messages``, byte counts), the ``transcript`` and Flower's run id.
     """
-    if engine not in ("simulation", "deployment"):
-        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
-    if len(clients) == 0:
-        raise ValueError("clients must hold at least one client")
     config = {**run_config_of(algorithm, len(clients), policy, model_path=model_path),
               "connect-timeout": float(connect_timeout)}
-    with tempfile.TemporaryDirectory(prefix="icml26-fedtreelora-") as tmp:
-        paths = write_clients(clients, tmp)
-        if engine == "simulation":
-            with LocalFederation(num_cpus=num_cpus, home=home) as federation:
-                return federation.run(app_dir, {**config, "data-dir": tmp}, num_supernodes=len(clients),
-                                      timeout=timeout)
-        nodes = [{"partition-id": k, "data-path": str(p)} for k, p in enumerate(paths)]
-        with LocalFederation(nodes, num_cpus=num_cpus, home=home) as federation:
-            return federation.run(app_dir, {**config, "data-dir": ""}, timeout=timeout)
+    return run_flower_app(app_dir, config, clients, write_client, engine=engine, timeout=timeout, num_cpus=num_cpus,
+                          home=home, prefix="icml26-fedtreelora-")

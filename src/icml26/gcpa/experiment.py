@@ -61,6 +61,7 @@ import numpy as np
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
+from ..common.tuning import Rule, tune_per_arm
 from .core import residual_whitening
 from .data import MultiViewData, digits_views, tabular_views, text_views
 from .estimators import (
@@ -134,9 +135,10 @@ def validation_recall(
     the best value wins (the first of the grid on ties). Returns ``(chosen, {value: validation Recall@1})``.
     """
     val, fit = validation_split(train[0].shape[0], fraction, seed)
-    scores = {}
     base = None
-    for value in grid:
+
+    def recall(arm: str, value: float, draw: int) -> float:
+        nonlocal base
         model = make(value)
         if isinstance(model, GCPA):  # one GPA fit for the whole grid; only the correction depends on c
             if base is None:
@@ -144,9 +146,10 @@ def validation_recall(
             model = _with_reg(base, [X[fit] for X in train], value)
         else:
             model.fit([X[fit] for X in train])
-        scores[value] = float(np.mean(any_to_any_ranks(model, [X[val] for X in train]) < 1))
-    best = max(grid, key=lambda v: (scores[v], -grid.index(v)))
-    return best, scores
+        return float(np.mean(any_to_any_ranks(model, [X[val] for X in train]) < 1))
+
+    record = tune_per_arm({"reg": grid}, recall, Rule(draws=1, maximize=True, ties="first")).record["reg"]
+    return record["chosen"], dict(zip(record["grid"], record["scores"], strict=True))
 
 
 def validation_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

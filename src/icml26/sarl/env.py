@@ -1,4 +1,4 @@
-"""A batched 2-D airspace for conflict resolution, and its PettingZoo ``ParallelEnv``.
+"""A batched 2-D airspace for conflict resolution (the dynamics; its PettingZoo ``ParallelEnv`` is ``pz.py``).
 
 ``AirspaceCore`` simulates B scenarios x N aircraft slots in numpy. Heading is clockwise from north, x = east
 (v_x = v sin hdg, v_y = v cos hdg), a right turn adds heading. Each decision lasts ``dt * substeps`` seconds
@@ -430,27 +430,3 @@ class AirspaceCore:
             "changes": float(self.changes[b][pres].mean()),
             "overrides": float(self.overrides[b][pres].mean()),
         }
-
-
-# ---------------------------------------------------------------------------------------------- PettingZoo
-def parallel_env(
-    n_aircraft: int = 5,
-    max_aircraft: int | None = None,
-    shield: bool = False,
-    seed: int | None = None,
-    **kwargs: Any,
-) -> Any:
-    """The airspace as a PettingZoo ``ParallelEnv`` (one agent per aircraft; finished aircraft leave ``agents``).
-
-    Observations are dicts ``{"own": (8,), "nbr": (K, 11), "nbr_mask": (K,), "action_mask": (8,)}`` with the K
-    nearest neighbours (K = max_aircraft - 1); with ``shield`` the action mask is the Kinematic Safety Shield's safe
-    set, otherwise all ones.
-    """
-    from ..common.optional import requires
-
-    requires("pettingzoo", extra="rl", purpose="the PettingZoo airspace")
-    from .pz import AirspaceParallelEnv
-
-    return AirspaceParallelEnv(
-        n_aircraft=n_aircraft, max_aircraft=max_aircraft, shield=shield, seed=seed, **kwargs
-    )

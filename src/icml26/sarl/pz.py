@@ -1,4 +1,8 @@
-"""The airspace as a PettingZoo ``ParallelEnv`` (one agent per aircraft, variable count, action masks)."""
+"""The airspace as a PettingZoo ``ParallelEnv`` (one agent per aircraft, variable count, action masks).
+
+A thin adapter over the dynamics (``env.AirspaceCore``) and the shield (``shield.KinematicSafetyShield``); neither
+imports it. Needs the ``rl`` extra; the package exports ``parallel_env`` lazily.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from .shield import KinematicSafetyShield
 
 
 class AirspaceParallelEnv(ParallelEnv):
-    """See :func:`icml26.sarl.env.parallel_env`. Agents are ``aircraft_<slot>``; an aircraft that reaches its exit
+    """See :func:`parallel_env`. Agents are ``aircraft_<slot>``; an aircraft that reaches its exit
     is terminated and leaves ``agents``; the episode is truncated at ``max_steps``. A missing action means
     "maintain"."""
 
@@ -149,3 +153,21 @@ class AirspaceParallelEnv(ParallelEnv):
 
     def close(self) -> None:
         self.core = None
+
+
+def parallel_env(
+    n_aircraft: int = 5,
+    max_aircraft: int | None = None,
+    shield: bool = False,
+    seed: int | None = None,
+    **kwargs: Any,
+) -> AirspaceParallelEnv:
+    """The airspace as a PettingZoo ``ParallelEnv`` (one agent per aircraft; finished aircraft leave ``agents``).
+
+    Observations are dicts ``{"own": (8,), "nbr": (K, 11), "nbr_mask": (K,), "action_mask": (8,)}`` with the K
+    nearest neighbours (K = max_aircraft - 1); with ``shield`` the action mask is the Kinematic Safety Shield's safe
+    set, otherwise all ones.
+    """
+    return AirspaceParallelEnv(
+        n_aircraft=n_aircraft, max_aircraft=max_aircraft, shield=shield, seed=seed, **kwargs
+    )

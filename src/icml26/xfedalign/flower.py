@@ -39,19 +39,22 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..common import federation
 from ..common.federation import (
+    DEMO,
     FailurePolicy,
     FlowerOutcome,
-    LocalFederation,
+    client_data_path,
+    demo_clients,
     flower_client_app,
     flower_server_app,
+    run_flower_app,
 )
 from ..common.optional import requires
 from .core import XFedAlign
@@ -62,7 +65,6 @@ requires("flwr", extra="xfedalign", purpose="the Flower App of xfedalign")
 
 APP_DIR = Path(__file__).with_name("flower_app")
 """The Flower App project (``flwr run`` takes this folder)."""
-DEMO = "demo"
 DEMO_SHAPES = {"cancer": (30, 2), "digits": (64, 10)}
 """(features, classes) of the embedded worlds (``data.load_task``)."""
 NAMED_GROUPS = {"cancer": cancer_groups, "digits": lambda: patch_groups(8, 8, 2)}
@@ -168,27 +170,19 @@ def read_client(path: str | Path, partition_id: int) -> ClientData:
 
 def write_clients(clients: Sequence[ClientData], folder: str | Path) -> list[Path]:
     """``folder/client_<k>.npz`` for every client (``data-dir`` in the run config reads them)."""
-    return [write_client(Path(folder) / f"client_{k}.npz", data) for k, data in enumerate(clients)]
+    return federation.write_clients(clients, folder, write_client)
 
 
 def load_client(partition_id: int, node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> ClientData:
     """This client's data: its node's ``data-path``, else ``data-dir/client_<id>.npz``, else the demo world."""
-    path = str(node_config.get("data-path", ""))
-    data_dir = str(run_config.get("data-dir", ""))
-    if not path and data_dir and data_dir != DEMO:
-        path = str(Path(data_dir) / f"client_{partition_id}.npz")
+    path = client_data_path(partition_id, node_config, run_config)
     if path:
         return read_client(path, partition_id)
-    if data_dir == DEMO:
-        k = int(node_config.get("num-partitions", 0)) or int(run_config["num-clients"])
-        if not 0 <= partition_id < k:
-            raise ValueError(f"partition-id {partition_id} is outside the demo federation of {k} clients")
-        logging.getLogger("flwr").info("client %d: the demo data (%s)", partition_id, run_config["dataset"])
-        task = load_task(str(run_config["dataset"]), str(run_config["partition"]), n_clients=k,
-                         seed=int(run_config["data-seed"]))
-        return task.clients[partition_id]
-    raise ValueError("no data for this client: give its SuperNode --node-config 'data-path=\"...\"' or set "
-                     "data-dir in the run config")
+    k = demo_clients(partition_id, node_config, run_config)
+    logging.getLogger("flwr").info("client %d: the demo data (%s)", partition_id, run_config["dataset"])
+    task = load_task(str(run_config["dataset"]), str(run_config["partition"]), n_clients=k,
+                     seed=int(run_config["data-seed"]))
+    return task.clients[partition_id]
 
 
 def summary(result: Mapping[str, Any]) -> str:
@@ -224,17 +218,5 @@ def run_local(algorithm: XFedAlign, clients: Sequence[ClientData], *, policy: Fa
         ``FlowerOutcome``: ``result`` (the final state, as ``run_in_process``: ``params``, ``prior``, ``bytes``),
         the ``transcript`` (what every client sent, who failed, which rounds were skipped) and Flower's run id.
     """
-    if engine not in ("simulation", "deployment"):
-        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
-    if len(clients) == 0:
-        raise ValueError("clients must hold at least one client")
-    config = run_config_of(algorithm, len(clients), policy)
-    with tempfile.TemporaryDirectory(prefix="icml26-xfedalign-") as tmp:
-        paths = write_clients(clients, tmp)
-        if engine == "simulation":
-            with LocalFederation(num_cpus=num_cpus, home=home) as federation:
-                return federation.run(app_dir, {**config, "data-dir": tmp}, num_supernodes=len(clients),
-                                      timeout=timeout)
-        nodes = [{"partition-id": k, "data-path": str(p)} for k, p in enumerate(paths)]
-        with LocalFederation(nodes, num_cpus=num_cpus, home=home) as federation:
-            return federation.run(app_dir, {**config, "data-dir": ""}, timeout=timeout)
+    return run_flower_app(app_dir, run_config_of(algorithm, len(clients), policy), clients, write_client,
+                          engine=engine, timeout=timeout, num_cpus=num_cpus, home=home, prefix="icml26-xfedalign-")

@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from .env import AirspaceCore
-from .mappo import fly_straight, greedy_direct
-from .shield import KinematicSafetyShield
+from ..env import AirspaceCore
+from ..mappo import fly_straight, greedy_direct
+from ..shield import KinematicSafetyShield
 
 #: tolerances, chosen before the first replay (see the module docstring for why they are not zero)
 POS_MEDIAN_TOL_NM = 0.5  # median position error over all aircraft and samples: a tenth of the 5 NM minimum
@@ -115,7 +115,7 @@ def record(
     Returns:
         A ``Recording`` with clearances per decision and our trajectory every substep.
     """
-    from .experiment import max_steps as default_steps
+    from ..experiment import max_steps as default_steps
 
     act = _controller(policy)
     if isinstance(n_aircraft, bool) or not isinstance(n_aircraft, (int, np.integer)) or n_aircraft < 1:
@@ -175,7 +175,7 @@ def bluesky() -> Any:
     """BlueSky initialised headless (once per process); the error names the ``bluesky`` extra when missing."""
     global _BS
     if _BS is None:
-        from ..common.optional import requires
+        from ...common.optional import requires
 
         requires("bluesky", extra="bluesky", purpose="the BlueSky cross-check of the airspace core")
         import bluesky as bs

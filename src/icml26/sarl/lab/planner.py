@@ -32,9 +32,9 @@ import copy
 
 import numpy as np
 
-from .env import N_ACTIONS, AirspaceCore
-from .mappo import greedy_direct
-from .shield import KinematicSafetyShield
+from ..env import N_ACTIONS, AirspaceCore
+from ..mappo import greedy_direct
+from ..shield import KinematicSafetyShield
 
 _BN = (
     "x",
