@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
-from icml26.inverse_optimization.data import adaptive_pairs
-from icml26.inverse_optimization.experiment import PRESETS, run
+from icml26.inverse_optimization import UniformMatroid
+from icml26.inverse_optimization.data import adaptive_pairs, simulate
+from icml26.inverse_optimization.experiment import PRESETS, RandomLearner, run
 from icml26.inverse_optimization.learner import MConvexInverseLearner, mistake_bound
+from icml26.registry import get_paper
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -18,7 +21,10 @@ def test_smoke_run_through_the_cli(tmp_path):
     assert {c["id"] for c in data["claims"]} == {
         "adaptive_mistakes", "adaptive_vs_ons", "adaptive_vs_ogd", "finite_regret", "vs_ons", "vs_ogd",
         "mistake_bound", "early_corruption", "random_corruption", "drop_cycle_corruption", "random_vs_ons",
-        "drop_cycle_vs_ons"}
+        "drop_cycle_vs_ons", "random_fails_vs_ons"}
+    # issue 44: the headline is a comparison the method can fail, gated on the trivial arm failing it
+    assert data["headline"]["id"] == "vs_ons"
+    assert set(data["headline"]["preconditions"]) == {"random_fails_vs_ons"}
     arms = data["arms"]
     # the adversary makes every round a mistake: a learner that keeps its constraints errs at most d - 1 times
     d = PRESETS["smoke"].adaptive_d
@@ -27,6 +33,28 @@ def test_smoke_run_through_the_cli(tmp_path):
         arms["restart"]["mistakes_random_c10"]["mean"] / (11 * mistake_bound(PRESETS["smoke"].corruption_d)))
     for name in ("regret", "mistakes", "corruption"):
         assert (tmp_path / "inverse_optimization" / f"smoke_{name}.png").is_file()
+
+
+def test_the_headline_can_fail_and_the_by_construction_claim_is_sanity():
+    card = get_paper("inverse_optimization")
+    claims = {c.id: c for c in card.claims}
+    assert card.headline.id == "vs_ons" and card.headline.kind == "evidence"
+    assert claims["adaptive_mistakes"].kind == "sanity"
+    assert claims["random_fails_vs_ons"].kind == "precondition"
+
+
+def test_random_arm_ignores_feedback_and_leaves_the_other_arms_unchanged():
+    cfg = dataclasses.replace(PRESETS["smoke"], T=150)
+    out = run(cfg)
+    # the trivial arm has its own generator: the learners' numbers are those of a run without it
+    env_seed, d = 1000 * cfg.seed + 10, 10
+    learners = {"centroid": MConvexInverseLearner(d, random_state=cfg.seed)}
+    regret = simulate("topk", d, env_seed, learners, cfg.T)
+    assert out.metrics["centroid"]["topk10_regret"] == regret["centroid"][-1]
+    assert out.metrics["random"]["topk10_regret"] > out.metrics["centroid"]["topk10_regret"]
+    assert "random" not in out.series["regret"]["topk10"]
+    lone = RandomLearner(4, 0)
+    assert lone.update(UniformMatroid(4, [0, 1], 1), np.array([1, 0, 0, 0])) is lone
 
 
 def test_same_seed_same_numbers():

@@ -4,8 +4,9 @@ Four panels on the same seeds (``data.py`` environments; w* ~ U[0, 1]^d normalis
 
 1. **Regret against T.** Every environment in ``envs`` (top-k, pairwise, partition and graphic matroids), the
    centroid learner, the "any consistent point" ablation, ONS and OGD with the prior work's constants, T
-   rounds. Metrics ``<env>_regret`` (cumulative at T), ``<env>_growth`` = R(T) - R(T/4) (zero when the regret
-   has stopped growing), ``<env>_mistakes``.
+   rounds, and the trivial arm ``random`` (the argmax of a fresh w ~ U[0, 1]^d each round, feedback ignored), which
+   shows that the headline's comparison can be failed. Metrics ``<env>_regret`` (cumulative at T),
+   ``<env>_growth`` = R(T) - R(T/4) (zero when the regret has stopped growing), ``<env>_mistakes``.
 2. **Mistakes against d** (top-k, d in ``mistake_dims``), against the volume bound ln(d!) / ln(e/(e-1)).
 3. **Corruption** (top-k, d = ``corruption_d``): the agent reveals its worst action in C rounds, either the first
    C (``early``) or C uniformly random rounds (``random``), C in ``corruptions``; the two robust learners
@@ -25,7 +26,7 @@ Example:
     >>> from icml26.inverse_optimization.experiment import PRESETS, run
     >>> cfg = dataclasses.replace(PRESETS["smoke"], T=200)
     >>> sorted(run(cfg).metrics)
-    ['centroid', 'consistent', 'drop_cycle', 'ignore', 'ogd', 'ons', 'restart']
+    ['centroid', 'consistent', 'drop_cycle', 'ignore', 'ogd', 'ons', 'random', 'restart']
 """
 
 from __future__ import annotations
@@ -85,6 +86,24 @@ def _learners(d: int, T: int, K: float, seed: int) -> dict[str, Any]:
     }
 
 
+class RandomLearner:
+    """The trivial arm: recommends the argmax of a fresh w ~ U[0, 1]^d each round and ignores the feedback.
+
+    It learns nothing, so its regret grows linearly in T; the headline's test must fail for it (card precondition
+    ``random_fails_vs_ons``). Its own generator, so the other learners' streams are unchanged.
+    """
+
+    def __init__(self, d: int, seed: int):
+        self.d = d
+        self.rng = np.random.default_rng(seed)
+
+    def predict(self, X: Any) -> np.ndarray:
+        return X.argmax(self.rng.uniform(0.0, 1.0, size=self.d))
+
+    def update(self, X: Any, x: np.ndarray) -> RandomLearner:
+        return self
+
+
 def _curve(values: np.ndarray, points: int) -> tuple[list[int], list[float]]:
     idx = np.unique(np.geomspace(1, len(values), num=points).astype(int)) - 1
     return (idx + 1).tolist(), values[idx].tolist()
@@ -107,12 +126,14 @@ def run(cfg: Config) -> SeedRun:
     for kind, d in progress(cfg.envs, desc=f"inverse_optimization seed {cfg.seed}"):
         env_seed = 1000 * cfg.seed + d
         learners = _learners(d, T, Environment(kind, d, env_seed).diameter, cfg.seed)
+        learners["random"] = RandomLearner(d, 6000 * cfg.seed + d)   # the trivial arm, panel 1 only
         regret = simulate(kind, d, env_seed, learners, T)
         tag = f"{kind}{d}"
         for name, r in regret.items():
             out.put(name, f"{tag}_regret", r[-1])
             out.put(name, f"{tag}_growth", r[-1] - r[quarter - 1])
-            out.series.setdefault("regret", {}).setdefault(tag, {})[name] = _curve(r, cfg.curve_points)
+            if name != "random":  # linear in T: its curve would flatten the others' in the plot
+                out.series.setdefault("regret", {}).setdefault(tag, {})[name] = _curve(r, cfg.curve_points)
         for name in ("centroid", "consistent"):
             out.put(name, f"{tag}_mistakes", learners[name].n_mistakes_)
     # 2. mistakes against d, top-k
