@@ -41,17 +41,25 @@ def test_every_unit_has_scenario_ids_the_same_on_every_seed(two_seeds):
             assert b.unit_ids[unit] == ids, unit
     assert all(not known[i].benign and known[i].held_out for i in a.unit_ids["heldout_incidents"])
     assert all(known[i].benign for i in a.unit_ids["benign_twins"])
+    assert all(known[i].benign and known[i].held_out for i in a.unit_ids["heldout_benign_twins"])
+    assert set(a.unit_ids["heldout_benign_twins"]) < set(a.unit_ids["benign_twins"])
     aggregate_ids([a, b])
 
 
-def test_heldout_incidents_are_disjoint_from_the_eradication_and_validation_scenarios(two_seeds):
+def test_heldout_units_are_disjoint_from_the_eradication_and_validation_scenarios(two_seeds):
     a, _ = two_seeds
     splits = a.held_out["heldout_incidents"]
     assert splits == heldout_incident_splits(("email",), PRESETS["smoke"].families)
     assert splits["train"] and splits["validation"]
     test = set(a.unit_ids["heldout_incidents"])
     assert test.isdisjoint(splits["train"]) and test.isdisjoint(splits["validation"])
-    assert a.overlap() == {"heldout_incidents": {"train": 0, "validation": 0}}
+    # the false-positive claims count only benign twins the validator never saw (its traces are the dev twins)
+    assert a.held_out["heldout_benign_twins"] == splits
+    benign = set(a.unit_ids["heldout_benign_twins"])
+    assert benign and benign.isdisjoint(splits["validation"])
+    assert a.overlap() == {unit: {"train": 0, "validation": 0} for unit in ("heldout_incidents", "heldout_benign_twins")}
+    # the whole benign set would overlap the validator's traces: it must never be declared held out
+    assert set(a.unit_ids["benign_twins"]) & set(splits["validation"])
 
 
 def test_whole_family_folds_test_only_families_the_fold_never_eradicated_from():

@@ -35,8 +35,10 @@ after the response and at the end); ``containment_sr`` (detected irreversible in
 
 **Units** (``SeedRun.units``; every arm lists its episodes in the canonical scenario order, so they pair by index
 across the arms that ran the same scenarios, and the checks pool them over seeds): ``incidents`` (``detection_sr``
-per incident episode), ``benign_twins`` (``fp_rate``, ``utility``), ``heldout_incidents`` (``eradication_sr``: the
-harm never happened), ``reversible_incidents`` (``remediated``: detected *and* remediated, so arms with different
+per incident episode), ``benign_twins`` (``fp_rate``, ``utility``, every benign twin), ``heldout_benign_twins``
+(``fp_rate_heldout``, ``utility_heldout``: the benign twins of the held-out variants only; the development twins are the validator's traces, on
+which a synthesised rule is accepted only if it stays silent, so the claims on false positives use these),
+``heldout_incidents`` (``eradication_sr``: the harm never happened), ``reversible_incidents`` (``remediated``: detected *and* remediated, so arms with different
 detections still pair) and ``detected_reversible_incidents`` (``remediation_sr``, the paper's rate among detected
 incidents; its episodes differ between arms, so it is for one-arm checks only); for the family arms (and ``none``,
 the trivial baseline) ``heldout_family_incidents`` (``family_eradication_sr``) and ``heldout_family_benign``
@@ -45,9 +47,9 @@ calls and the episode order, nothing else: many outcomes repeat across seeds. ``
 run the held-out variants only and keep ``heldout_incidents`` alone; ``detected_reversible_incidents`` is kept for
 ``air`` (the arm its check names). **Unit ids** (``SeedRun.unit_ids``): the scenario id
 (``<agent type>/<family>/v<variant>/<incident|benign>``), the same on every seed because the scenarios are, so a
-scenario is one unit however many seeds ran it. **Held out** (``SeedRun.held_out``): ``heldout_incidents`` lists
-as ``train`` the development incidents eradication learns from and as ``validation`` their benign twins (the
-validator's traces); disjoint by construction, checked by the runner. The whole-family split is cross-fitted
+scenario is one unit however many seeds ran it. **Held out** (``SeedRun.held_out``): ``heldout_incidents`` and
+``heldout_benign_twins`` list as ``train`` the development incidents eradication learns from and as ``validation``
+their benign twins (the validator's traces); disjoint by construction, checked by the runner. The whole-family split is cross-fitted
 (each half's episodes run with the rules of the other half only), which a single held-out list cannot express;
 its per-fold disjointness is a test.
 
@@ -420,6 +422,8 @@ def episode_units(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> dic
     out = {
         "incidents": {"detection_sr": [float(e.detected) for e in inc]},
         "benign_twins": {"fp_rate": [float(e.fired) for e in ben], "utility": [float(e.utility) for e in ben]},
+        "heldout_benign_twins": {"fp_rate_heldout": [float(e.fired) for s, e in rows if s.benign and s.held_out],
+                                 "utility_heldout": [float(e.utility) for s, e in rows if s.benign and s.held_out]},
         "heldout_incidents": {"eradication_sr": [float(not e.harmed) for s, e in rows
                                                  if not s.benign and s.held_out]},
         "reversible_incidents": {"remediated": [float(e.detected and _remediated(e)) for s, e in rows
@@ -441,6 +445,7 @@ def episode_unit_ids(rows: list[tuple[Any, Episode]], order: dict[str, int]) -> 
     return {
         "incidents": [s.id for s, _ in rows if not s.benign],
         "benign_twins": [s.id for s, _ in rows if s.benign],
+        "heldout_benign_twins": [s.id for s, _ in rows if s.benign and s.held_out],
         "heldout_incidents": [s.id for s, _ in rows if not s.benign and s.held_out],
         "reversible_incidents": [s.id for s, _ in rows if not s.benign and s.reversible],
         "detected_reversible_incidents": [s.id for s, e in rows if not s.benign and s.reversible and e.detected],
@@ -659,8 +664,8 @@ def run(cfg: Config) -> SeedRun:
     # the variant split's eradication learns from the development variants (and validates on their benign twins);
     # the whole-family split is cross-fitted (each half held out from the rules of the other half, tested in
     # tests/air), so its held-out sets are per fold and not listed here
-    held_out = ({"heldout_incidents": heldout_incident_splits(cfg.agent_types, cfg.families)}
-                if "heldout_incidents" in unit_ids else {})
+    splits = heldout_incident_splits(cfg.agent_types, cfg.families)
+    held_out = {unit: splits for unit in ("heldout_incidents", "heldout_benign_twins") if unit in unit_ids}
     return SeedRun(metrics, series={"per_type": per_type}, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
