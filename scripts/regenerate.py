@@ -10,7 +10,9 @@ Run (then ``icml26 report`` and commit the results)::
 
     .venv/bin/python scripts/regenerate.py fedit:quick fedit:full gcpa --jobs 2
 
-A bare ``SLUG`` means both modes.
+A bare ``SLUG`` means both modes. Before anything runs, the mutation check (``scripts/mutants.py``) plants each
+named paper's listed bugs and requires its fast tests to kill every one; a survivor stops the regeneration
+(``--no-mutants`` skips the check, for a rerun of a paper whose check has just passed).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="+", help="SLUG or SLUG:MODE (quick, full or smoke)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2, the machine's cores)")
+    parser.add_argument("--no-mutants", action="store_true", help="skip the mutation check of the named papers")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
@@ -54,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     tree = base / f"wt-{sha[:12]}"
     if not tree.exists():
         _git("worktree", "add", "--detach", str(tree), sha)
+    if not args.no_mutants:  # the committed tests against the committed sources
+        slugs = list(dict.fromkeys(slug for slug, _ in jobs))
+        print(f"mutation check of {' '.join(slugs)} at {sha[:10]} (scripts/mutants.py)", flush=True)
+        check = subprocess.run([sys.executable, str(tree / "scripts" / "mutants.py"), *slugs], cwd=tree)
+        if check.returncode != 0:
+            print("the mutation check failed: a paper's fast tests miss a listed bug (or a mutant is stale); "
+                  "fix that first, or pass --no-mutants", file=sys.stderr)
+            return 1
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1", "ICML26_PROGRESS": "0",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     running: list[tuple[str, str, subprocess.Popen, float]] = []
