@@ -12,7 +12,8 @@
   :func:`parse_yes_no` (markdown, ``Answer:`` prefixes and ``<think>`` blocks handled); a timeout or an answer that
   is neither yes nor no raises :class:`LLMError`, and the responder applies the rule's ``fail`` policy (logged).
 - :func:`client_from_config`: an endpoint, model and timeout from arguments or ``ICML26_LLM_ENDPOINT``,
-  ``ICML26_LLM_MODEL``, ``ICML26_LLM_TIMEOUT`` (the CLI's ``--llm-endpoint/--llm-model/--llm-timeout``).
+  ``ICML26_LLM_MODEL``, ``ICML26_LLM_TIMEOUT`` (the CLI's ``--llm-endpoint/--llm-model/--llm-timeout``); the key
+  from ``ICML26_LLM_API_KEY`` only, sent over https or to a loopback host, never through a redirect.
 - :class:`EmbeddingSemantic`: the shipped all-MiniLM-L6-v2 sentence encoder (``hf`` extra): a check holds when the
   arguments are *dissimilar* to the user's task (useful for off-task actions only; similarity is not harm).
 
@@ -25,10 +26,12 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,21 +70,61 @@ def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
     return out
 
 
+#: the one environment variable a key is read from (never a provider's own, e.g. ``OPENAI_API_KEY``: a key meant for
+#: one provider must not travel to whatever endpoint ``--llm-endpoint`` names)
+API_KEY_ENV = "ICML26_LLM_API_KEY"
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse redirects: urllib would resend the ``Authorization`` header to wherever a 3xx points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 class OpenAICompatibleClient:
     """Chat completions over HTTP (``/chat/completions``) with a timeout; no SDK needed.
+
+    The key is sent only where it cannot leak: over ``https://``, or over plain ``http://`` to a loopback host (a
+    local vLLM, llama.cpp or Ollama server); a key with a plain-HTTP remote endpoint is refused at construction, and
+    redirects are never followed (they would carry the key elsewhere).
 
     Args:
         base_url: e.g. ``http://localhost:8000/v1``.
         model: the model name the server expects.
-        api_key: sent as a bearer token (default ``$OPENAI_API_KEY`` if set).
+        api_key: sent as a bearer token (default ``$ICML26_LLM_API_KEY`` if set; no other variable is read).
         timeout: seconds per request.
+
+    Example:
+        >>> OpenAICompatibleClient("http://localhost:8000/v1", "m", api_key="k").base_url
+        'http://localhost:8000/v1'
+        >>> OpenAICompatibleClient("http://10.0.0.5:8000/v1", "m", api_key="k")
+        Traceback (most recent call last):
+        ...
+        ValueError: refusing to send an API key over plain http:// to 10.0.0.5 (use https://, or a loopback host)
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 30.0):
-        if not base_url.startswith(("http://", "https://")):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url, self.model, self.timeout = base_url.rstrip("/"), model, timeout
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        host = urllib.parse.urlsplit(self.base_url).hostname
+        if self.api_key and self.base_url.startswith("http://") and not _is_loopback(host):
+            raise ValueError(f"refusing to send an API key over plain http:// to {host} (use https://, or a loopback "
+                             "host)")
+        self._opener = urllib.request.build_opener(_NoRedirect)
 
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 256,
                  stop: Sequence[str] | None = None, response_format: Mapping[str, Any] | None = None) -> Completion:
@@ -95,7 +138,7 @@ class OpenAICompatibleClient:
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 data = json.loads(resp.read().decode())
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise LLMError(f"request to {self.base_url} failed: {exc}") from exc
