@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 #: arm metrics that measure the machine, not the method
-TIMING_WORDS = ("wall", "seconds", "time_s", "train_s", "_s_per", "ms_per", "cpu_ms", "overhead_ms", "throughput",
+TIMING_WORDS = ("wall", "seconds", "time_s", "train_s", "build_s", "_s_per", "ms_per", "cpu_ms", "overhead_ms", "throughput",
                 "elapsed", "time_ratio")
 
 
