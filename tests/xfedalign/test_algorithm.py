@@ -133,3 +133,19 @@ def test_bad_input_is_named(cancer):
     only0 = dataclasses.replace(cancer.clients[0], y_train=np.zeros_like(cancer.clients[0].y_train))
     with pytest.raises(ValueError, match="no client holds class 1"):
         run_in_process(_algo(cancer, rounds=1), [only0])
+
+
+def test_the_artifact_explains_the_clients_updated_model_not_the_global_one(cancer):
+    algo = _algo(cancer, rounds=1)
+    ids = [c.cid for c in cancer.clients]
+    state = algo.initial_state(ids)
+    message = algo.configure(0, state, ids)[ids[0]]
+    reply, _ = algo.client_step(cancer.clients[0], dict(message), {}, 0)
+    updated = {k[len("param/"):]: v for k, v in reply.items() if k.startswith("param/")}
+    expected = algo.explain(cancer.clients[0], updated, dict(message), 0)
+    stale = algo.explain(cancer.clients[0], state["params"], dict(message), 0)
+    art = {k: v for k, v in reply.items() if k.startswith("art_")}
+    assert set(art) == set(expected)
+    for k in expected:
+        np.testing.assert_array_equal(np.asarray(art[k]), np.asarray(expected[k]))
+    assert any(not np.array_equal(np.asarray(expected[k]), np.asarray(stale[k])) for k in expected)

@@ -216,3 +216,26 @@ def test_bad_input_is_named():
         distill_surrogate(np.zeros((4, 2)), np.ones((3, 2)))
     with pytest.raises(ValueError, match="X contains NaN"):
         distill_surrogate(np.zeros((3, 2)), np.array([[1.0, np.inf]] * 3))
+
+
+def test_the_artifact_noise_has_standard_deviation_sigma():
+    # every row clips to 1/sqrt(G) = 0.125, more than 6 sigma above zero: no noise is cut off by the max(., 0)
+    C, G, sigma = 100, 64, 0.02
+    art = make_artifact(np.ones((C, G)), G, noise_sigma=sigma, rng=np.random.default_rng(0))
+    sent = np.zeros((C, G))   # the dequantised values before dense()'s renormalisation
+    sent[np.arange(C)[:, None], art.indices.astype(np.int64)] = art.values * (art.scale / ((1 << art.quant_bits) - 1))
+    residual = sent - 1.0 / np.sqrt(G)
+    assert abs(residual.std() / sigma - 1.0) < 0.05   # sd of 6,400 draws: about 1 % relative error
+    assert abs(residual.mean()) < 0.002
+
+
+def test_negative_noisy_attributions_are_sent_as_zero_not_wrapped():
+    # every group kept (k = G): the negative noisy values reach the quantiser unless cut at zero first
+    rng = np.random.default_rng(5)
+    S = rng.random((4, 9)) ** 3
+    noise = rng.normal(scale=0.3, size=S.shape)
+    art = make_artifact(S, 9, noise_sigma=0.3, rng=_Fixed(noise))
+    ref = reference.artifact_dense_reference(S.tolist(), 9, noise.tolist())
+    np.testing.assert_allclose(art.dense(), ref, atol=1e-12)
+    clipped = S / np.linalg.norm(S, axis=1, keepdims=True)
+    assert ((clipped + noise) < 0).sum() >= 3   # the case is exercised
