@@ -294,3 +294,19 @@ def test_client_tree_holds_its_inputs():
     tree = build_client_tree(_random_B(rng, n=3))
     assert isinstance(tree, ClientTree) and tree.n == 3 and tree.linkage.shape == (2, 4)
     assert tree.cut(1).tolist() == [0, 0, 0] and sorted(tree.cut(3).tolist()) == [0, 1, 2]
+
+
+def test_private_adapters_persist_across_rounds():
+    # FedSA: B never leaves the client, so round 2 must start from round 1's B (each round moves 10 % of the way)
+    rng = np.random.default_rng(4)
+    tr = LinearTrainer()
+    client = _clients(tr, rng, n=1)[0]
+    algo = FedSALoRA(tr, train_rounds=2, local_steps=1, lr=0.1, seed=3)
+    message = algo.configure(1, algo.initial_state([0]), [0])[0]
+    _, state1 = algo.client_step(client, dict(message), {}, 1)
+    _, state2 = algo.client_step(client, dict(message), state1, 2)
+    for k in (k for k in tr.keys if "lora_B" in k):
+        target = client.train[0][k].astype(np.float64)
+        np.testing.assert_allclose(state1["own/" + k], 0.1 * target, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state2["own/" + k], (1 - 0.9**2) * target, rtol=1e-5, atol=1e-6)
+    assert all(state2["mix/" + m] == state1["mix/" + m] + 1.0 for m in algo.modules)  # the gates persist too
