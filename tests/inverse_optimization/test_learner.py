@@ -252,3 +252,12 @@ def test_ons_and_ogd_stay_in_the_ball_and_ons_projection_is_kkt():
             learner.update(X, X.argmax(w))
             assert np.linalg.norm(learner.theta_) <= 1 + 1e-6
     assert np.linalg.norm(ons.theta_) > 0
+
+
+def test_poset_closure_carries_what_lies_below_j():
+    p = Poset(4)
+    assert p.add(1, 0) and p.add(2, 1)          # 2 > 1 > 0
+    assert p.implies(2, 0) and p.contradicts(0, 2)
+    assert p.add(3, 2) and all(p.implies(3, j) for j in (0, 1, 2))
+    assert not p.add(3, 0)                     # already implied
+    assert sorted(p.edges()) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
