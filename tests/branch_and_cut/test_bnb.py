@@ -234,3 +234,37 @@ def test_bad_input():
         solve_bnb(m, MostFractional(), node_order="bfs")
     limited = solve_bnb(tie_breaking_family(7), StrongBranching(), node_limit=10)
     assert (limited.status, limited.nodes) == ("node_limit", 10)
+
+
+def test_efficacy_is_the_violation_over_the_cuts_norm():
+    from icml26.branch_and_cut.cuts import efficacy
+    from icml26.branch_and_cut.milp import Cut, LPResult
+
+    root = LPResult("optimal", 0.0, np.array([1.0, 2.0]))
+    cut = Cut(np.array([3.0, 4.0]), 1.0)                 # 3 + 8 - 1 = 10 over |(3, 4)| = 5
+    assert efficacy(cut, None, root) == pytest.approx(2.0, abs=1e-12)
+    scaled = Cut(10 * cut.coef, 10 * cut.rhs)            # the same inequality: the same efficacy
+    assert efficacy(scaled, None, root) == pytest.approx(2.0, abs=1e-12)
+
+
+def test_round_off_is_not_fractional_and_continuous_variables_are_not_candidates():
+    m = tie_breaking_family(3)
+    x = np.round(np.linspace(0, 1, m.n))
+    j = int(np.nonzero(m.integrality)[0][0])
+    x[j] += 1e-12                                       # LP round-off next to an integer
+    assert len(_fractional(m, x)) == 0
+    x[j] += 0.5
+    assert _fractional(m, x).tolist() == [j]
+
+
+def test_objective_orthogonality_ignores_the_cuts_sign():
+    from types import SimpleNamespace
+
+    from icml26.branch_and_cut.cuts import objective_orthogonality
+    from icml26.branch_and_cut.milp import Cut
+
+    c = np.array([1.0, -2.0, 2.0])
+    m = SimpleNamespace(min_objective=lambda: c)        # the score reads only the objective
+    assert objective_orthogonality(Cut(c, 0.0), m, None) == pytest.approx(0.0, abs=1e-12)
+    assert objective_orthogonality(Cut(np.array([2.0, 1.0, 0.0]), 0.0), m, None) == pytest.approx(1.0, abs=1e-12)
+    assert objective_orthogonality(Cut(-c, 0.0), m, None) == pytest.approx(0.0, abs=1e-12)
