@@ -11,7 +11,7 @@ from icml26.common.federation import run_in_process
 from icml26.xfedalign import SparseArtifact, XFedAlign
 from icml26.xfedalign.attacks import PoisonedXFedAlign
 from icml26.xfedalign.baselines import FedAttrAgg, FedXAI
-from icml26.xfedalign.core import FedTrain
+from icml26.xfedalign.core import FedTrain, params_of
 from icml26.xfedalign.data import load_task, patch_groups
 from icml26.xfedalign.models import ModelSpec
 
@@ -141,7 +141,7 @@ def test_the_artifact_explains_the_clients_updated_model_not_the_global_one(canc
     state = algo.initial_state(ids)
     message = algo.configure(0, state, ids)[ids[0]]
     reply, _ = algo.client_step(cancer.clients[0], dict(message), {}, 0)
-    updated = {k[len("param/"):]: v for k, v in reply.items() if k.startswith("param/")}
+    updated = params_of(reply)
     expected = algo.explain(cancer.clients[0], updated, dict(message), 0)
     stale = algo.explain(cancer.clients[0], state["params"], dict(message), 0)
     art = {k: v for k, v in reply.items() if k.startswith("art_")}
