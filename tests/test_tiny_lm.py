@@ -144,3 +144,30 @@ def test_cache_builds_once(tok, tmp_path, monkeypatch):
     for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
         assert torch.equal(p, q)
     assert tiny_lm.cache_dir() == tmp_path
+
+
+def test_sft_start_matches_the_hand_built_warm_start_and_caches(tmp_path, monkeypatch):
+    from icml26.common.tiny_lm import sft_start
+
+    monkeypatch.setenv("ICML26_CACHE", str(tmp_path))
+    task = AdditionChain(terms=2, max_value=9)
+    calls = []
+
+    def data():
+        calls.append(1)
+        rng = np.random.default_rng(3)
+        examples = [task.sample(rng) for _ in range(40)]
+        return [e.prompt for e in examples], [task.noisy_completion(e, rng, 0.1) for e in examples]
+
+    model, tok2 = sft_start({"k": "sft_start"}, data, steps=3, hidden=16, seed=5, desc=None)
+    again, _ = sft_start({"k": "sft_start"}, data, steps=3, hidden=16, seed=5, desc=None)
+    assert len(calls) == 1 and not model.training and not again.training
+    # the dozen lines the two papers wrote by hand
+    ref_tok = char_tokenizer()
+    prompts, comps = data()
+    ref = tiny_causal_lm(len(ref_tok), hidden=16, layers=2, intermediate=32, seed=5)
+    sft(ref, ref_tok, prompts, comps, steps=3, seed=5, desc=None)
+    assert tok2.get_vocab() == ref_tok.get_vocab()
+    for m in (model, again):
+        for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(p, q)

@@ -253,3 +253,28 @@ def test_segment_masks_and_custom_losses(tok):
 
     train_vlm(model, instruction_sampler(tok, SPEC, "object", 4), steps=2, loss_fn=loss_fn, desc=None)
     assert seen == [4, 4]
+
+
+def test_grid_recipe_item_ids_and_the_recording_sampler(tok):
+    from icml26.common.tiny_vlm import grid_recipe, item_id, item_ids, recording_sampler
+
+    explicit = LabRecipe(scenes=SceneSpec(grid=3), spec=VLMSpec(hidden=48, layers=2, heads=4, intermediate=96,
+                                                                attn_implementation="sdpa"),
+                         stage1_steps=7, batch_size=16, seed=2)
+    made = grid_recipe(3, 48, 2, attn_implementation="sdpa", stage1_steps=7, batch_size=16, seed=2)
+    assert made == explicit and made.key() == explicit.key()
+    assert grid_recipe(2, 64, 1).spec.attn_implementation == VLMSpec().attn_implementation
+    spec = SceneSpec(grid=2)
+    attrs = sample_scenes(spec, np.random.default_rng(0), 4)
+    items = make_items(spec, attrs, np.random.default_rng(1), "attribute")
+    ids = item_ids(attrs, items)
+    assert ids[0] == item_id(attrs[0], items[0].prompt) and len(set(ids)) == 4 and len(ids[0]) == 12
+    assert item_id(attrs[0], items[0].prompt) != item_id(attrs[1], items[0].prompt)
+    record: set[str] = set()
+    plain = instruction_sampler(tok, spec, "attribute", 4)(np.random.default_rng(5))
+    recorded = recording_sampler(tok, spec, "attribute", 4, record)(np.random.default_rng(5))
+    for k in plain:
+        assert torch.equal(plain[k], recorded[k]), k  # the same draws in the same order
+    rng = np.random.default_rng(5)
+    a = sample_scenes(spec, rng, 4)
+    assert record == set(item_ids(a, make_items(spec, a, rng, "attribute")))

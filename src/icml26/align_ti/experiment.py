@@ -39,7 +39,6 @@ Example (the test items and the arms' objectives; ``run(PRESETS["smoke"])`` trai
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.io import atomic_write_text
+from ..common.cache import cached_json
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -57,13 +56,14 @@ from ..common.tiny_vlm import (
     IGNORE_INDEX,
     LabRecipe,
     SceneSpec,
-    VLMSpec,
-    cache_dir,
     encode,
+    grid_recipe,
     instruction_sampler,
     item_for,
+    item_ids,
     lab_vlm,
     make_items,
+    recording_sampler,
     render,
     sample_scenes,
     train_vlm,
@@ -142,27 +142,13 @@ PRESETS: dict[str, Config] = {
 
 # ------------------------------------------------------------------------------------------------------ models
 def teacher_recipe(cfg: Config) -> LabRecipe:
-    return LabRecipe(
-        scenes=SceneSpec(grid=cfg.grid),
-        spec=VLMSpec(
-            hidden=cfg.teacher_hidden, layers=cfg.teacher_layers, heads=4, intermediate=2 * cfg.teacher_hidden
-        ),
-        stage1_steps=cfg.stage1_steps,
-        stage2_steps=cfg.teacher_steps,
-        stage2_families=cfg.families,
-        seed=cfg.lab_seed,
-    )
+    return grid_recipe(cfg.grid, cfg.teacher_hidden, cfg.teacher_layers, stage1_steps=cfg.stage1_steps,
+                       stage2_steps=cfg.teacher_steps, stage2_families=cfg.families, seed=cfg.lab_seed)
 
 
 def student_recipe(cfg: Config) -> LabRecipe:
-    return LabRecipe(
-        scenes=SceneSpec(grid=cfg.grid),
-        spec=VLMSpec(
-            hidden=cfg.student_hidden, layers=cfg.student_layers, heads=4, intermediate=2 * cfg.student_hidden
-        ),
-        stage1_steps=cfg.stage1_steps,
-        seed=cfg.lab_seed,
-    )
+    return grid_recipe(cfg.grid, cfg.student_hidden, cfg.student_layers, stage1_steps=cfg.stage1_steps,
+                       seed=cfg.lab_seed)
 
 
 def teacher_and_student(cfg: Config) -> tuple[Any, Any, Any]:
@@ -349,35 +335,6 @@ def compute_ratio(cfg: Config, parts: tuple[Any, Any, Any, int]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- unit ids
-def item_id(scene: np.ndarray, prompt: str) -> str:
-    """What a question is: a hash of its scene's attributes and its prompt (the same question about the same scene
-    has the same id whatever the rendering noise; a different scene or question, a different id)."""
-    body = np.ascontiguousarray(scene, dtype=np.int64).tobytes() + prompt.encode()
-    return hashlib.sha1(body).hexdigest()[:12]
-
-
-def item_ids(attrs: np.ndarray, items: list) -> list[str]:
-    """``item_id`` of each question, ``items[i]`` about scene ``attrs[i]``."""
-    return [item_id(a, it.prompt) for a, it in zip(attrs, items, strict=True)]
-
-
-def recording_sampler(
-    tok: Any, scenes: SceneSpec, families: str | tuple[str, ...], batch_size: int, record: set[str] | None
-) -> Any:
-    """``instruction_sampler(tok, scenes, families, batch_size)`` (the same draws in the same order), adding the
-    id of every question it serves to ``record`` when given."""
-    if record is None:
-        return instruction_sampler(tok, scenes, families, batch_size)
-
-    def sample(rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        attrs = sample_scenes(scenes, rng, batch_size)
-        items = make_items(scenes, attrs, rng, families)
-        record.update(item_ids(attrs, items))
-        return encode(tok, items, scenes, attrs, rng)
-
-    return sample
-
-
 def stream_ids(scenes: SceneSpec, families: str | tuple[str, ...], batch_size: int, seed: int, steps: int
                ) -> set[str]:
     """Ids of the questions ``train_vlm(..., steps=steps, seed=seed)`` reads from ``instruction_sampler``: its
@@ -502,25 +459,19 @@ def _tuning_key(cfg: Config) -> dict[str, Any]:
 
 def validation_accuracy(cfg: Config, arm: str, lr: float, parts: tuple[Any, Any, Any, int]) -> float:
     """Validation exact match of ``arm`` at ``lr`` (lab seed's batches; cached per arm and rate; diverged: 0)."""
-    from .. import __version__
+    def compute() -> dict[str, float]:
+        seed = 20_000 + cfg.lab_seed
+        try:
+            model, _ = train_arm(arm, cfg, lr, seed, parts)
+            val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
+            t_logits = [lg for _, lg in _logits_and_batches(parts[0], parts[2], cfg, val, seed)]
+            acc = float(evaluate(model, t_logits, parts[2], cfg, val, seed)["exact_match"].mean())
+        except FloatingPointError:
+            acc = 0.0
+        return {"val_accuracy": acc}
 
     key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
-    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
-    path = cache_dir() / "align_ti_tuning" / f"{digest.hexdigest()[:20]}.json"
-    if path.is_file():
-        return float(json.loads(path.read_text())["val_accuracy"])
-    seed = 20_000 + cfg.lab_seed
-    try:
-        model, _ = train_arm(arm, cfg, lr, seed, parts)
-        val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
-        t_logits = [lg for _, lg in _logits_and_batches(parts[0], parts[2], cfg, val, seed)]
-        acc = float(evaluate(model, t_logits, parts[2], cfg, val, seed)["exact_match"].mean())
-    except FloatingPointError:
-        acc = 0.0
-    atomic_write_text(
-        path, json.dumps({"key": key, "val_accuracy": acc}, sort_keys=True, indent=2, default=str)
-    )
-    return acc
+    return float(cached_json("align_ti_tuning", key, compute)["val_accuracy"])
 
 
 def tune_learning_rates(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, dict[str, float]]:

@@ -69,6 +69,7 @@ from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import AdditionChain, cached, char_tokenizer, generate, sft, tiny_causal_lm
+from ..common.tuning import Rule, tune_per_arm
 from .data import (
     COCA_TEMPLATE,
     CONCEPTS,
@@ -265,19 +266,27 @@ def train_arm(arm: str, base: Any, tok: Any, world: World, cfg: Config, lr: floa
     return base, module
 
 
-def fit_arm(arm: str, base: Any, tok: Any, world: World, cfg: Config) -> tuple[Any, Any, dict[str, float]]:
-    """Train ``arm`` at every learning rate of the grid, keep the best on validation (first on ties)."""
-    best: tuple[float, float, Any, Any] | None = None
+def fit_arm(
+    arm: str, base: Any, tok: Any, world: World, cfg: Config
+) -> tuple[Any, Any, dict[str, float], dict[str, Any]]:
+    """Train ``arm`` at every learning rate of the grid, keep the best on validation (first on ties).
+
+    Returns the model, its attached handle, ``{"val_score", "lr", "train_s"}`` and the tuning record
+    (``tune_per_arm``'s, for ``arm``)."""
     t0 = time.perf_counter()
-    for lr in cfg.lr_grid:
+
+    def score(arm: str, lr: float, draw: int) -> tuple[float, tuple[Any, Any]]:
         model, handle = train_arm(arm, base, tok, world, cfg, lr)
-        score = validation_score(model, tok, world, cfg)
+        val = validation_score(model, tok, world, cfg)
         handle.detach()  # one intervention on the base at a time
-        if best is None or score > best[0]:
-            best = (score, lr, model, handle)
-    assert best is not None
-    best[3].attach()
-    return best[2], best[3], {"val_score": best[0], "lr": best[1], "train_s": time.perf_counter() - t0}
+        return val, (model, handle)
+
+    tuned = tune_per_arm({arm: cfg.lr_grid}, score, Rule(draws=1, maximize=True, ties="first"))
+    model, handle = tuned.kept[arm]
+    record = tuned.record[arm]
+    handle.attach()
+    val = record["scores"][record["grid"].index(record["chosen"])]
+    return model, handle, {"val_score": val, "lr": record["chosen"], "train_s": time.perf_counter() - t0}, record
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -508,8 +517,9 @@ def run(cfg: Config) -> SeedRun:
     eraser = decision_eraser(base, tok, world, cfg)
     with ErasureHook(base, cfg.probe_layer, lambda x: eraser(x.double())):
         evals["leace"] = evaluate(base, tok, world, suites, utility_prompts, cfg)
+    tuning: dict[str, dict[str, Any]] = {}
     for arm in progress([a for a in arms_of(cfg) if a in TRAINED], desc=f"coca seed {cfg.seed}"):
-        model, handle, info = fit_arm(arm, base, tok, world, cfg)
+        model, handle, info, tuning[arm] = fit_arm(arm, base, tok, world, cfg)
         try:
             evals[arm] = evaluate(model, tok, world, suites, utility_prompts, cfg)
         finally:
@@ -539,7 +549,7 @@ def run(cfg: Config) -> SeedRun:
             "none.decision_*_probe_layer*)"),
     }
     ids, held_out = unit_ids(world, cfg, items, utility_prompts, list(units["id_prompts"]))
-    return SeedRun(scalars, series={"samples": samples}, notes=notes, units=units, unit_ids=ids, held_out=held_out)
+    return SeedRun(scalars, series={"samples": samples, "tuning": tuning}, notes=notes, units=units, unit_ids=ids, held_out=held_out)
 
 
 # -------------------------------------------------------------------------------------------------------- plot

@@ -33,12 +33,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,23 +375,30 @@ def cache_dir() -> Path:
 def cached(key: dict[str, Any], build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
     """``load_lab_model`` of the directory keyed by ``key``, building and saving it atomically on a miss.
 
-    ``key`` must hold everything that determines the model (config, task, steps, seed, code version).
+    ``key`` must hold everything that determines the model (config, task, steps, seed, code version). Faults
+    (a corrupt entry healed, a read-only cache run uncached, ...) are ``common.cache.cached_entry``'s.
     """
-    from .. import __version__
+    from .cache import cached_entry
 
-    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
-    target = cache_dir() / "tiny_lm" / digest.hexdigest()[:20]
-    if Path(target, "config.json").is_file():
-        return load_lab_model(target)
-    model, tokenizer = build()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        save_lab_model(model, tokenizer, tmp)
-        (tmp / "icml26_key.json").write_text(json.dumps(key, sort_keys=True, default=str, indent=2))
-        with contextlib.suppress(FileExistsError, OSError):
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return load_lab_model(target)
+    return cached_entry("tiny_lm", key, build, save=lambda pair, path: save_lab_model(*pair, path),
+                        load=load_lab_model)
+
+
+# ------------------------------------------------------------------------------------------------ SFT start
+def sft_start(key: dict[str, Any], data: Callable[[], tuple[Sequence[str], Sequence[str]]], *, steps: int,
+              hidden: int, seed: int, desc: str | None = "sft") -> tuple[Any, Any]:
+    """``(model, tokenizer)``: a cached SFT warm start, in eval mode.
+
+    On a cache miss (``cached(key, ...)``): a ``char_tokenizer``, then ``data()`` (prompts, completions), then a
+    two-layer ``tiny_causal_lm`` (``hidden``, MLP width ``2 * hidden``, seeded by ``seed``), then ``sft`` for
+    ``steps`` steps seeded by ``seed``. ``key`` must hold everything that determines the model, ``data`` included.
+    """
+    def build() -> tuple[Any, Any]:
+        tok = char_tokenizer()
+        prompts, completions = data()
+        model = tiny_causal_lm(len(tok), hidden=hidden, layers=2, intermediate=2 * hidden, seed=seed)
+        sft(model, tok, list(prompts), list(completions), steps=steps, seed=seed, desc=desc)
+        return model, tok
+
+    model, tok = cached(key, build)
+    return model.eval(), tok

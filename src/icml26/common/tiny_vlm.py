@@ -24,7 +24,8 @@ Everything a CPU reproduction of a LLaVA-family method needs, built from ``trans
   ``mmvp_pairs`` makes MMVP-style pairs: two scenes that differ only in the attribute a question asks about,
   the same question, different answers (a pair counts when both are right). ``Item.entangled`` marks a
   question whose answer differs from the same attribute of the *other* object in the same patch (reading "a
-  colour in patch p" is then not enough).
+  colour in patch p" is then not enough). ``item_id`` names a question by its scene and prompt (the papers'
+  unit ids); ``recording_sampler`` is ``instruction_sampler`` that also records the ids it trains on.
 - **The model** (``VLMSpec``, ``tiny_vlm``): a real ``LlavaForConditionalGeneration``: a tiny SigLIP vision
   tower (one token per scene patch, learned position embedding, no CLS; LLaVA reads its last layer, strategy
   ``"full"``), LLaVA's ``mlp2x_gelu`` projector (``LlavaMultiModalProjector``) and a tiny Llama from a
@@ -38,9 +39,10 @@ Everything a CPU reproduction of a LLaVA-family method needs, built from ``trans
   ``train_vlm`` for anything custom (adapters via ``extra_params``, auxiliary losses via ``extra_loss``). LLaVA's
   stage 1 trains the projector alone because its LLM was pretrained on text; the lab's LM has never read
   anything, so ``stage1_trainable`` defaults to ``"projector+lm"`` (pass ``"projector"`` for LLaVA's rule on a
-  pretrained LM). Schedules are LLaVA's (AdamW, warm-up 3 %, cosine). ``lab_vlm`` caches each result keyed by
-  every field of the recipe and ``LAB_VERSION`` (``cached_vlm``, in ``$ICML26_CACHE`` or ``~/.cache/icml26``);
-  training is deterministic under its seed, so a cache hit is what a retrain would give.
+  pretrained LM). Schedules are LLaVA's (AdamW, warm-up 3 %, cosine). ``grid_recipe`` is the papers' recipe
+  shape (square grid, 4 heads, MLP width ``2 * hidden``). ``lab_vlm`` caches each result keyed by every field of
+  the recipe and ``LAB_VERSION`` (``cached_vlm``: ``common.cache``, in ``$ICML26_CACHE`` or ``~/.cache/icml26``,
+  atomic and self-healing); training is deterministic under its seed, so a cache hit is what a retrain would give.
 - **Batches and scores**: ``encode`` gives LLaVA inputs (``<s>``, ``N`` image tokens, prompt, answer, ``</s>``;
   right padding; ``labels`` = -100 on the prompt, LLaVA's convention); ``score_items`` gives per-item exact match
   (every answer token and ``</s>`` argmax-correct under teacher forcing, which is exactly "greedy decoding
@@ -73,13 +75,9 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
-import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,6 +86,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cache import cache_dir as cache_dir  # re-exported: the papers read their cache folder from here
+from .cache import cached_entry
 from .optional import requires
 from .progress import progress
 
@@ -248,6 +248,19 @@ def make_items(spec: SceneSpec, attrs: np.ndarray, rng: np.random.Generator, fam
     value = rng.integers(0, 4, size=n)
     return [item_for(spec, attrs[i], families[fam[i]], int(patch[i]), int(side[i]), int(attribute[i]),
                      int(value[i])) for i in range(n)]
+
+
+def item_id(scene: np.ndarray, prompt: str) -> str:
+    """What a question is: a hash of its scene's attributes and its prompt (the same question about the same scene
+    has the same id whatever the rendering noise; a different scene or question, a different id). The papers'
+    ``SeedRun.unit_ids`` and ``held_out`` are these ids."""
+    body = np.ascontiguousarray(scene, dtype=np.int64).tobytes() + prompt.encode()
+    return hashlib.sha1(body).hexdigest()[:12]
+
+
+def item_ids(attrs: np.ndarray, items: Sequence[Item]) -> list[str]:
+    """``item_id`` of each question, ``items[i]`` about scene ``attrs[i]``."""
+    return [item_id(a, it.prompt) for a, it in zip(attrs, items, strict=True)]
 
 
 def mmvp_pairs(spec: SceneSpec, rng: np.random.Generator, n_pairs: int, family: str = "attribute"
@@ -574,6 +587,23 @@ def instruction_sampler(tokenizer: Any, scenes: SceneSpec, families: str | Seque
     return sample
 
 
+def recording_sampler(tokenizer: Any, scenes: SceneSpec, families: str | Sequence[str], batch_size: int,
+                      record: set[str] | None = None) -> Callable[[np.random.Generator], dict[str, torch.Tensor]]:
+    """``instruction_sampler(tokenizer, scenes, families, batch_size)`` (the same draws in the same order), adding
+    the ``item_id`` of every question it serves to ``record`` when given (a run's training questions, for its
+    ``held_out`` split)."""
+    if record is None:
+        return instruction_sampler(tokenizer, scenes, families, batch_size)
+
+    def sample(rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        attrs = sample_scenes(scenes, rng, batch_size)
+        items = make_items(scenes, attrs, rng, families)
+        record.update(item_ids(attrs, items))
+        return encode(tokenizer, items, scenes, attrs, rng)
+
+    return sample
+
+
 # -------------------------------------------------------------------------------------------------------- recipe
 @dataclass(frozen=True)
 class LabRecipe:
@@ -607,6 +637,15 @@ class LabRecipe:
     def key(self) -> dict[str, Any]:
         """The cache key: every field, the lab version."""
         return {"lab": "tiny_vlm", "version": LAB_VERSION, **asdict(self)}
+
+
+def grid_recipe(grid: int, hidden: int, layers: int, **fields: Any) -> LabRecipe:
+    """The papers' lab recipe: ``grid x grid`` patches, a Llama of width ``hidden`` with ``layers`` layers, 4 heads
+    and MLP width ``2 * hidden``; ``fields`` set the other ``LabRecipe`` fields (and ``attn_implementation``, the
+    ``VLMSpec``'s)."""
+    attn = fields.pop("attn_implementation", VLMSpec.attn_implementation)
+    spec = VLMSpec(hidden=hidden, layers=layers, heads=4, intermediate=2 * hidden, attn_implementation=attn)
+    return LabRecipe(scenes=SceneSpec(grid=grid), spec=spec, **fields)
 
 
 def lab_vlm(recipe: LabRecipe, *, cache: bool = True, desc: str | None = "lab") -> tuple[Any, Any]:
@@ -655,19 +694,11 @@ def encoder_for(recipe: LabRecipe, *, cache: bool = True) -> dict[str, torch.Ten
 
 
 # --------------------------------------------------------------------------------------------------------- cache
-def cache_dir() -> Path:
-    """``$ICML26_CACHE`` or ``~/.cache/icml26``."""
-    return Path(os.environ.get("ICML26_CACHE", Path.home() / ".cache" / "icml26"))
-
-
 def save_vlm(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> Path:
-    """``save_pretrained`` model and tokenizer into the directory ``path``."""
-    _quiet_transformers()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    """``save_pretrained`` model and tokenizer into the directory ``path`` (``tiny_lm.save_lab_model``)."""
+    from .tiny_lm import save_lab_model
+
+    return save_lab_model(model, tokenizer, path)
 
 
 def load_vlm(path: str | os.PathLike[str]) -> tuple[Any, Any]:
@@ -687,23 +718,7 @@ def load_vlm(path: str | os.PathLike[str]) -> tuple[Any, Any]:
 def cached_vlm(key: dict[str, Any], build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
     """``load_vlm`` of the directory keyed by ``key``, building and saving it atomically on a miss.
 
-    ``key`` must hold everything that determines the model (recipe, sizes, steps, seeds, lab version).
+    ``key`` must hold everything that determines the model (recipe, sizes, steps, seeds, lab version). Faults
+    (a corrupt entry healed, a read-only cache run uncached, ...) are ``common.cache.cached_entry``'s.
     """
-    from .. import __version__
-
-    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
-    target = cache_dir() / "tiny_vlm" / digest.hexdigest()[:20]
-    if Path(target, "config.json").is_file():
-        return load_vlm(target)
-    model, tokenizer = build()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        save_vlm(model, tokenizer, tmp)
-        (tmp / "icml26_key.json").write_text(json.dumps(key, sort_keys=True, default=str, indent=2))
-        with contextlib.suppress(FileExistsError, OSError):
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return load_vlm(target)
+    return cached_entry("tiny_vlm", key, build, save=lambda pair, path: save_vlm(*pair, path), load=load_vlm)

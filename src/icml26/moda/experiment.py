@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.io import atomic_write_text
+from ..common.cache import cached_json
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -62,14 +61,15 @@ from ..common.tiny_vlm import (
     SHAPES,
     LabRecipe,
     SceneSpec,
-    VLMSpec,
-    cache_dir,
     encode,
-    instruction_sampler,
+    grid_recipe,
     item_for,
+    item_id,
+    item_ids,
     lab_vlm,
     make_items,
     mmvp_pairs,
+    recording_sampler,
     render,
     sample_scenes,
     score_items,
@@ -141,11 +141,8 @@ PRESETS: dict[str, Config] = {
 # ------------------------------------------------------------------------------------------------------ the lab
 def recipe(cfg: Config, layers: int | None = None) -> LabRecipe:
     """The lab checkpoint every arm starts from (encoder pretrained and frozen, LLaVA stage 1 done)."""
-    layers = cfg.layers if layers is None else layers
-    return LabRecipe(scenes=SceneSpec(grid=cfg.grid), spec=VLMSpec(hidden=cfg.hidden, layers=layers, heads=4,
-                                                                    intermediate=2 * cfg.hidden,
-                                                                    attn_implementation="sdpa"),
-                     stage1_steps=cfg.stage1_steps, batch_size=cfg.batch_size, seed=cfg.lab_seed)
+    return grid_recipe(cfg.grid, cfg.hidden, cfg.layers if layers is None else layers, attn_implementation="sdpa",
+                       stage1_steps=cfg.stage1_steps, batch_size=cfg.batch_size, seed=cfg.lab_seed)
 
 
 def make_arm(arm: str, cfg: Config, seed: int) -> torch.nn.Module | None:
@@ -171,18 +168,8 @@ def make_arm(arm: str, cfg: Config, seed: int) -> torch.nn.Module | None:
 
 
 def _recording_sampler(tok: Any, scenes: SceneSpec, batch_size: int, record: set[str] | None) -> Any:
-    """``instruction_sampler(tok, scenes, "attribute", batch_size)`` (the same draws in the same order), adding
-    the id of every training question to ``record`` when given."""
-    if record is None:
-        return instruction_sampler(tok, scenes, "attribute", batch_size)
-
-    def sample(rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        attrs = sample_scenes(scenes, rng, batch_size)
-        items = make_items(scenes, attrs, rng, "attribute")
-        record.update(item_ids(attrs, items))
-        return encode(tok, items, scenes, attrs, rng)
-
-    return sample
+    """``recording_sampler`` of the stage-2 questions (``"attribute"``)."""
+    return recording_sampler(tok, scenes, "attribute", batch_size, record)
 
 
 def train_arm(arm: str, cfg: Config, lr: float, seed: int, layers: int | None = None,
@@ -238,18 +225,6 @@ def validation_set(cfg: Config) -> EvalSet:
 
 
 # ------------------------------------------------------------------------------------------------------ unit ids
-def item_id(scene: np.ndarray, prompt: str) -> str:
-    """What a question is: a hash of its scene's attributes and its prompt (the same question about the same scene
-    has the same id whatever the rendering noise; a different scene or question, a different id)."""
-    body = np.ascontiguousarray(scene, dtype=np.int64).tobytes() + prompt.encode()
-    return hashlib.sha1(body).hexdigest()[:12]
-
-
-def item_ids(attrs: np.ndarray, items: list) -> list[str]:
-    """``item_id`` of each question, ``items[i]`` about scene ``attrs[i]``."""
-    return [item_id(a, it.prompt) for a, it in zip(attrs, items, strict=True)]
-
-
 def pair_ids(pair_attrs: np.ndarray, pair_items: list) -> list[str]:
     """What an MMVP pair is: a hash of its two scenes and the shared prompt."""
     out = []
@@ -317,22 +292,18 @@ def _tuning_key(cfg: Config) -> dict[str, Any]:
 def validation_accuracy(cfg: Config, arm: str, lr: float) -> float:
     """Validation accuracy of ``arm`` trained at ``lr`` on the lab seed's batches (cached per arm and rate; a
     diverged run scores 0)."""
-    from .. import __version__
+    def compute() -> dict[str, float]:
+        seed = 20_000 + cfg.lab_seed
+        try:
+            model, tok, _ = train_arm(arm, cfg, lr, seed)
+            val = validation_set(cfg)
+            acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items, seed).mean())
+        except FloatingPointError:  # diverged at this rate: it cannot be chosen
+            acc = 0.0
+        return {"val_accuracy": acc}
 
     key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
-    digest = hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode())
-    path = cache_dir() / "moda_tuning" / f"{digest.hexdigest()[:20]}.json"
-    if path.is_file():
-        return float(json.loads(path.read_text())["val_accuracy"])
-    seed = 20_000 + cfg.lab_seed
-    try:
-        model, tok, _ = train_arm(arm, cfg, lr, seed)
-        val = validation_set(cfg)
-        acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items, seed).mean())
-    except FloatingPointError:  # diverged at this rate: it cannot be chosen
-        acc = 0.0
-    atomic_write_text(path, json.dumps({"key": key, "val_accuracy": acc}, sort_keys=True, indent=2, default=str))
-    return acc
+    return float(cached_json("moda_tuning", key, compute)["val_accuracy"])
 
 
 def tuned_arms(cfg: Config) -> tuple[str, ...]:

@@ -60,14 +60,12 @@ from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import (
     AdditionChain,
-    cached,
-    char_tokenizer,
     completion_batch,
     completion_logps,
     generate,
-    sft,
-    tiny_causal_lm,
+    sft_start,
 )
+from ..common.tuning import Rule, tune_per_arm
 from .estimator import MixtureCutoff, UniformCutoff, prefix_sampled_policy_loss
 from .microbatch import FullCutoff, StratifiedCutoff, micro_batched_backward
 
@@ -152,27 +150,12 @@ def lab_model(cfg: Config) -> tuple[Any, Any]:
         "seed": cfg.lab_seed,
     }
 
-    def build() -> tuple[Any, Any]:
-        tok = char_tokenizer()
+    def data() -> tuple[list[str], list[str]]:
         rng = np.random.default_rng(cfg.lab_seed)
         examples = sft_examples(task, rng)
-        comps = [task.noisy_completion(e, rng, cfg.sft_noise) for e in examples]
-        model = tiny_causal_lm(
-            len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
-        )
-        sft(
-            model,
-            tok,
-            [e.prompt for e in examples],
-            comps,
-            steps=cfg.sft_steps,
-            seed=cfg.lab_seed,
-            desc="sft ps_ppo",
-        )
-        return model, tok
+        return [e.prompt for e in examples], [task.noisy_completion(e, rng, cfg.sft_noise) for e in examples]
 
-    model, tok = cached(key, build)
-    return model.eval(), tok
+    return sft_start(key, data, steps=cfg.sft_steps, hidden=cfg.hidden, seed=cfg.lab_seed, desc="sft ps_ppo")
 
 
 #: SFT examples of the warm start
@@ -537,15 +520,18 @@ def run(cfg: Config) -> SeedRun:
     sft_val = float(np.mean(_greedy_correct(pi0, tok, task, val_prompts, cfg)))
     curves: dict[str, list[tuple[float, float, float]]] = {"sft": [(0.0, 0.0, sft_val)]}
     chosen_lr: dict[str, float] = {}
+    tuning: dict[str, dict[str, Any]] = {}
     budget_tokens: float | None = None
+
+    def evaluate(arm: str, lr: float, draw: int) -> tuple[float, dict[str, Any]]:
+        trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None, sets.rl)
+        return float(np.mean(_greedy_correct(trained["policy"], tok, task, val_prompts, cfg))), trained
+
     for arm in progress(cfg.arms, desc=f"ps_ppo seed {cfg.seed}"):
-        best, best_val = None, -1.0
-        for lr in cfg.lrs:
-            trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None, sets.rl)
-            val = float(np.mean(_greedy_correct(trained["policy"], tok, task, val_prompts, cfg)))
-            if val > best_val:  # ties keep the earlier (smaller) learning rate
-                best, best_val, chosen_lr[arm] = trained, val, lr
-        assert best is not None
+        # one arm at a time: grpo's chosen run sets the PS arms' token budget; ties keep the smaller lr
+        tuned = tune_per_arm({arm: cfg.lrs}, evaluate, Rule(draws=1, maximize=True, ties="first"))
+        chosen_lr[arm], best, tuning[arm] = tuned.chosen[arm], tuned.kept[arm], tuned.record[arm]
+        best_val = tuning[arm]["scores"][cfg.lrs.index(chosen_lr[arm])]
         if arm == "grpo":
             budget_tokens = cfg.budget * best["tokens"]
         prompt_units[arm] = {"accuracy": _greedy_correct(best["policy"], tok, task, test_prompts, cfg)}
@@ -594,7 +580,7 @@ def run(cfg: Config) -> SeedRun:
     medians = {arm: float(np.median(m["peak_activation_mb"])) for arm, m in update_units.items()}
     ids, held_out = unit_ids(cfg, task, sets)
     return SeedRun(
-        {}, series={"curves": curves, "chosen_lr": chosen_lr, "median_peak_mb": medians}, units=units,
+        {}, series={"curves": curves, "chosen_lr": chosen_lr, "tuning": tuning, "median_peak_mb": medians}, units=units,
         unit_ids=ids, held_out=held_out,
     )
 

@@ -55,13 +55,11 @@ from ..common.results import SeedRun
 from ..common.tiny_lm import (
     AdditionChain,
     Task,
-    cached,
-    char_tokenizer,
     completion_batch,
     generate,
-    sft,
-    tiny_causal_lm,
+    sft_start,
 )
+from ..common.tuning import Rule, tune_per_arm
 
 #: arm -> (loss_kind, variant, sft_coef, standard beta/alpha); every arm trains through ``RegretPOTrainer``
 ARM_SPECS: dict[str, tuple[str, str, float, float]] = {
@@ -214,17 +212,9 @@ def lab_models(cfg: Config) -> tuple[Any, Any, Any, Any]:
             "pools": ["train pool only", cfg.test_pool, cfg.val_pool, LAB_SFT_EXAMPLES],
         }
 
-        def build(steps: int = steps, role: str = role) -> tuple[Any, Any]:
-            tok = char_tokenizer()
-            prompts, comps = sft_data(cfg, role)
-            model = tiny_causal_lm(
-                len(tok), hidden=cfg.hidden, layers=2, intermediate=2 * cfg.hidden, seed=cfg.lab_seed
-            )
-            sft(model, tok, prompts, comps, steps=steps, seed=cfg.lab_seed, desc=f"sft {role}")
-            return model, tok
-
-        model, tok = cached(key, build)
-        models.append(model.eval())
+        model, tok = sft_start(key, lambda role=role: sft_data(cfg, role), steps=steps, hidden=cfg.hidden,
+                               seed=cfg.lab_seed, desc=f"sft {role}")
+        models.append(model)
     return (tok, *models)
 
 
@@ -375,15 +365,23 @@ def run(cfg: Config) -> SeedRun:
         "sft": {"val_accuracy": float(np.mean(correctness(pi0, tok, task, val_prompts))), "pairs": n_pairs}
     }
     grid: dict[str, list[dict[str, float]]] = {}
-    points = [(arm, lr, b) for arm in ARMS for lr, b in grid_points(arm, cfg)]
-    best: dict[str, tuple[float, Any, float, float]] = {}
-    for arm, lr, b in progress(points, desc=f"regret_po seed {cfg.seed}"):
+    grids = {arm: grid_points(arm, cfg) for arm in ARMS}
+    bar = progress(total=sum(map(len, grids.values())), desc=f"regret_po seed {cfg.seed}")
+
+    def evaluate(arm: str, point: tuple[float, float], draw: int) -> tuple[float, Any]:
+        bar.update()
+        lr, b = point
         torch.manual_seed(cfg.seed)
         policy = train_arm(arm, cfg, lr, b, tok, pi0, dataset)
         val = float(np.mean(correctness(policy, tok, task, val_prompts)))
         grid.setdefault(arm, []).append({"lr": lr, "beta_mult": b, "val_accuracy": val})
-        if arm not in best or val > best[arm][0]:  # ties keep the earlier (smaller) learning rate
-            best[arm] = (val, policy, lr, b)
+        return val, policy
+
+    # every arm over its grid points in order; ties keep the earlier (smaller) learning rate
+    tuned = tune_per_arm(grids, evaluate, Rule(draws=1, maximize=True, ties="first"))
+    bar.close()
+    best = {arm: (r["scores"][r["grid"].index(r["chosen"])], tuned.kept[arm], *r["chosen"])
+            for arm, r in tuned.record.items()}
     for arm in ARMS:
         val, policy, lr, b = best[arm]
         per_prompt[arm] = {"accuracy": correctness(policy, tok, task, eval_prompts)}
@@ -396,6 +394,7 @@ def run(cfg: Config) -> SeedRun:
         metrics,
         series={
             "grid": grid,
+            "tuning": tuned.record,
             "repo_best": chosen,
             "lr_grid": list(cfg.lr_grid),
             "beta_grid": list(cfg.beta_grid),
