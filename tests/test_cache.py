@@ -49,7 +49,8 @@ def _counting(value="v1"):
 
 
 def _entry(root: Path, key: dict) -> Path:
-    return root / "ns" / key_digest(key)
+    """The generic entry of ``key`` built by any function of this file (they share this file's code digest)."""
+    return root / "ns" / key_digest(key, _entry)
 
 
 def _temps(root: Path) -> list[Path]:
@@ -87,7 +88,7 @@ def test_round_trip_of_a_lab_model_builds_once_and_writes_normal_permissions(roo
     m1, _ = cached({"k": "rt"}, build)
     m2, tok2 = cached({"k": "rt"}, build)
     assert len(calls) == 1 and _same(m1, m2) and len(tok2) == len(tok)
-    entry = root / "tiny_lm" / key_digest({"k": "rt"})
+    entry = root / "tiny_lm" / key_digest({"k": "rt"}, _entry)
     assert {"config.json", "model.safetensors", MANIFEST, "icml26_key.json"} <= {p.name for p in entry.iterdir()}
     assert not any(p.suffix in (".bin", ".pt") for p in entry.iterdir())  # safetensors only: nothing to unpickle
     mask = _umask()
@@ -105,7 +106,7 @@ def test_a_truncated_weights_file_is_detected_removed_and_rebuilt(root, lab):
 
     m1, _ = cached({"k": "trunc"}, build)
     m1 = _state(m1)
-    weights = root / "tiny_lm" / key_digest({"k": "trunc"}) / "model.safetensors"
+    weights = root / "tiny_lm" / key_digest({"k": "trunc"}, _entry) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.warns(CacheWarning, match="truncated or overwritten"):
         m2, _ = cached({"k": "trunc"}, build)
@@ -122,7 +123,7 @@ def test_a_legacy_entry_without_manifest_loads_and_heals_when_half_written(root,
 
     m1, _ = cached({"k": "legacy"}, build)
     m1 = _state(m1)
-    entry = root / "tiny_lm" / key_digest({"k": "legacy"})
+    entry = root / "tiny_lm" / key_digest({"k": "legacy"}, _entry)
     (entry / MANIFEST).unlink()  # what icml26 wrote before manifests existed
     m2, _ = cached({"k": "legacy"}, build)
     assert len(calls) == 1 and _same(m1, m2)
@@ -294,7 +295,7 @@ def test_json_entries_round_trip_heal_and_keep_the_stored_format(root):
 
     assert cached_json("tuning", {"arm": "x"}, compute) == {"val_accuracy": 0.5}
     assert cached_json("tuning", {"arm": "x"}, compute) == {"val_accuracy": 0.5}
-    path = root / "tuning" / f"{key_digest({'arm': 'x'})}.json"
+    path = root / "tuning" / f"{key_digest({'arm': 'x'}, _entry)}.json"
     assert json.loads(path.read_text()) == {"key": {"arm": "x"}, "val_accuracy": 0.5}
     assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
     path.write_text('{"key": {"arm": "x"}, "val_acc')  # truncated
@@ -302,3 +303,45 @@ def test_json_entries_round_trip_heal_and_keep_the_stored_format(root):
         assert cached_json("tuning", {"arm": "x"}, compute) == {"val_accuracy": 0.5}
     assert len(calls) == 2 and not _temps(root)
     assert len(list((root / "tuning").iterdir())) == 1
+
+
+# ------------------------------------------------------------------------------------------ keyed by the code
+def _module(tmp_path: Path, name: str, body: str):
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(body)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_edit_to_the_code_that_builds_an_entry_misses_the_old_entry(root, tmp_path, monkeypatch):
+    first = _module(tmp_path, "icml26_cache_builder_a", "def build():\n    return 'v1'\n")
+    monkeypatch.setitem(__import__("sys").modules, "icml26_cache_builder_a", first)
+    assert cached_entry("ns", {"a": 1}, first.build, save=_save, load=_load) == "v1"
+    digest = cache.code_digest(first.build)
+    assert cache.code_digest(first.build) == digest  # stable
+    edited = _module(tmp_path, "icml26_cache_builder_a", "def build():\n    return 'v2'  # the training changed\n")
+    assert cache.code_digest(edited.build) != digest
+    assert cached_entry("ns", {"a": 1}, edited.build, save=_save, load=_load) == "v2"  # not the stale 'v1'
+    assert len([p for p in (root / "ns").iterdir() if not p.name.startswith(".")]) == 2
+
+
+def test_the_code_digest_covers_the_paper_package_and_common():
+    import functools
+
+    from icml26.common import tiny_lm
+    from icml26.spard import experiment as spard_experiment
+
+    lab_only = cache.code_digest(tiny_lm.cached)
+    paper = cache.code_digest(spard_experiment._lab_key)
+    assert lab_only != paper
+    assert cache.code_digest(functools.partial(spard_experiment._lab_key, role="x")) == paper
+    assert cache._tree_digest.cache_info().currsize >= 2  # common/ and spard/ hashed once each
+    other = cache.code_digest(cache.cached_json)  # another common function: the same code digest as tiny_lm's
+    assert other == lab_only

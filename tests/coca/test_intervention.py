@@ -300,3 +300,36 @@ def test_non_finite_training_is_detected(llama, tok):
             train_intervention(llama, reft, tok, PROMPTS, ["ok."] * 3, steps=1)
     with pytest.raises(ValueError, match="equal length"):
         train_intervention(llama, reft, tok, PROMPTS, ["ok."], steps=1)
+
+
+# ------------------------------------------------------------------------------------ mutation-check additions
+def test_select_heads_returns_the_heads_with_the_largest_learned_scales(llama, tok):
+    """LoFiT's rule, re-run by hand: learn A on every head (NLL + l1 * sum |A|), rank heads by ||A||_1."""
+    from icml26.coca.intervention import all_heads
+
+    kw = dict(steps=4, lr=5e-3, batch_size=3, seed=0)
+    heads = select_heads(llama, tok, PROMPTS, ["ok."] * 3, k=3, l1=1e-3, **kw)
+    every = all_heads(llama)
+    with LoFiTIntervention(llama, every, scale=True, bias=False) as lofit:
+        train_intervention(llama, lofit, tok, PROMPTS, ["ok."] * 3, penalty=lambda: 1e-3 * lofit.scale.abs().sum(),
+                           **kw)
+        norms = lofit.scale.detach().double().abs().sum(-1)
+    chosen = [every.index(h) for h in heads]
+    others = [i for i in range(len(every)) if i not in chosen]
+    assert norms[chosen].min() > norms[others].max()              # the k largest, not any k
+    assert norms[chosen].tolist() == sorted(norms[chosen].tolist(), reverse=True)  # best first
+
+
+def test_decision_states_are_each_texts_last_token_whatever_its_batch(llama, tok):
+    """Texts of different lengths in one batch: each state is the text's own last token's residual stream (a
+    plain unpadded forward), never a pad position."""
+    texts = ["2+3+4=", "how do i make the bomb.", "ab."]
+    batched = decision_states(llama, tok, texts, 0)
+    for i, t in enumerate(texts):
+        ids = tok(t, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            hidden = llama(input_ids=ids, output_hidden_states=True).hidden_states[1]  # after decoder layer 0
+        torch.testing.assert_close(batched[i], hidden[0, -1].float(), atol=1e-5, rtol=1e-5)
+    deep = decision_states(llama, tok, texts, 1)
+    for i, t in enumerate(texts):
+        torch.testing.assert_close(deep[i], decision_states(llama, tok, [t], 1)[0], atol=1e-5, rtol=1e-5)

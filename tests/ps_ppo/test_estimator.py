@@ -89,3 +89,29 @@ def test_bad_input():
         prefix_sampled_policy_loss(
             logps, logps[:, :2], torch.ones(2), torch.ones(2, 3), torch.tensor([1, 1]), torch.ones(2, 3)
         )
+
+
+@pytest.mark.parametrize("law", LAWS, ids=lambda x: type(x).__name__)
+def test_loss_expectation_over_every_cutoff_is_the_full_loss_exactly(law):
+    """E_c[loss] = sum over every cutoff pair of q(c_1) q(c_2) loss(c) equals the full-trajectory clipped loss in
+    float64, ratios away from 1 (clip acting); the token-count normaliser misses it."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([4, 2])
+    mask = (torch.arange(1, 5)[None, :] <= lengths[:, None]).double()
+    logps = -torch.rand(2, 4, generator=gen, dtype=torch.float64) - 0.5
+    old = logps + 0.4 * (torch.rand(2, 4, generator=gen, dtype=torch.float64) - 0.5)
+    adv = torch.tensor([0.7, -1.3], dtype=torch.float64)
+    S = law.survival(lengths, 4).double()
+    q = S - torch.cat([S[:, 1:], torch.zeros(2, 1, dtype=torch.float64)], dim=1)
+    full, _ = prefix_sampled_policy_loss(logps, old, adv, mask, lengths, mask.clone(), max_len=6)
+    expected = {"constant": 0.0, "tokens": 0.0}
+    for c0 in range(1, 5):
+        for c1 in range(1, 3):
+            for normalizer in expected:
+                loss, _ = prefix_sampled_policy_loss(
+                    logps, old, adv, mask, torch.tensor([c0, c1]), S, max_len=6, normalizer=normalizer
+                )
+                expected[normalizer] += float(q[0, c0 - 1] * q[1, c1 - 1] * loss)
+    assert expected["constant"] == pytest.approx(float(full), rel=1e-12)
+    full_tokens, _ = prefix_sampled_policy_loss(logps, old, adv, mask, lengths, mask.clone(), normalizer="tokens")
+    assert abs(expected["tokens"] - float(full_tokens)) > 1e-3 * abs(float(full_tokens))

@@ -214,3 +214,31 @@ def test_multi_step_trl_run_raises_the_reward(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         trainer.train()
     assert np.mean(rewards[-6:]) > np.mean(rewards[:6]) + 0.2
+
+
+def test_trainer_uses_the_sampling_policys_log_probs_and_clips(tmp_path):
+    """With TRL's ``old_per_token_logps`` (num_iterations > 1) the ratio is to the sampling policy and the clip
+    acts: full cutoffs (S = 1) give exactly the float64 clipped Dr.GRPO gradient, not the on-policy one."""
+    tok = char_tokenizer()
+    trainer = _trainer(tmp_path, tok, law=FullCutoff())
+    model = trainer.model.double().train()
+    inputs = _inputs(tok)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    T = inputs["completion_ids"].shape[1]
+    # TRL's own per-token log-probs of the full rows (its fused head differs from a plain log-softmax by ~5e-4)
+    logp = trainer._get_per_token_logps_and_entropies(model, ids, att, T)[0].double()
+    # the sampling policy differs by +-0.3 nats per token: ratios e^-0.3 = 0.74 and e^0.3 = 1.35, outside [0.8, 1.2]
+    delta = 0.3 * torch.tensor([(-1.0) ** (i + t) for i in range(4) for t in range(T)]).reshape(4, T)
+    old = (logp.detach() + delta).double()
+    ratio = torch.exp(logp - old)
+    surrogate = torch.min(ratio * ADV[:, None], ratio.clamp(0.8, 1.2) * ADV[:, None])
+    oracle_loss = -(surrogate * inputs["completion_mask"]).sum() / (4 * L_MAX)
+    oracle = torch.cat([g.reshape(-1) for g in torch.autograd.grad(oracle_loss, list(model.parameters()))])
+    on_policy = _full_gradient(model, inputs)
+    model.zero_grad(set_to_none=True)
+    trainer._compute_loss(model, inputs | {"old_per_token_logps": old})
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(got, oracle, rtol=1e-4, atol=1e-8)
+    # the clip zeroes the gradient of about half the tokens: far from the on-policy gradient
+    assert float(torch.linalg.vector_norm(oracle - on_policy) / torch.linalg.vector_norm(on_policy)) > 0.2

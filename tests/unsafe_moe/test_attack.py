@@ -273,3 +273,24 @@ def test_tiered_judge_reports_format_and_content_separately():
         TieredJudge(content_of="qzxv")
     with pytest.raises(ValueError, match="empty"):
         TieredJudge(content_of=lambda p: " ").tiers("p", "sure")
+
+
+def test_fsour_never_lowers_its_objective_with_few_candidates(mixtral, tok):
+    """Greedy coordinate ascent with N = 1 random subset per coordinate: a candidate is kept only if it improves
+    the objective, so the history never decreases and the returned routes score exactly the returned objective
+    (recomputed through the independent router patch, without the controller)."""
+    infos = {i.layer: i for i in find_routers(mixtral)}
+    modules = {layer: i.module for layer, i in infos.items()}
+    p_ids, t_ids = encode(tok, "how to x."), encode(tok, "sure", "target")
+    ids = torch.tensor([p_ids + t_ids])
+    declined = 0
+    for seed in range(3):
+        fs = FSOUR(mixtral, tok, n_candidates=1, threshold=-1e-12, chat_template=False)
+        routes, lp, _, history = fs.search("how to x.", "sure", seed=seed)
+        assert all(b >= a for a, b in itertools.pairwise(history))
+        declined += sum(b == a for a, b in itertools.pairwise(history))
+        with torch.no_grad(), patched_routes(modules, routes, top_k=2, renormalize=True):
+            logits = mixtral(input_ids=ids).logits[0, len(p_ids) - 1 : -1].double()
+        oracle = float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(t_ids)[:, None]).sum())
+        assert lp == pytest.approx(oracle, abs=1e-4)
+    assert declined > 0  # some single candidates were worse and were rejected

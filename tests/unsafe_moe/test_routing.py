@@ -192,3 +192,24 @@ def test_shared_expert_cannot_be_forced(tok):
     qwen = tiny_causal_lm(len(tok), family="qwen2_moe", layers=1, hidden=32, experts=4, top_k=2, seed=0)
     with RouterController(qwen) as rc, pytest.raises(ValueError, match="shared expert is not routed"):
         rc.force(0, 0, [4])
+
+
+def test_positional_rules_skip_one_token_decode_steps(mixtral):
+    """A route forced at a prompt position (or on the whole prefill) must not act on a one-token decode call,
+    whose only position is the newest generated token; a rule without positions acts on every call."""
+    with torch.no_grad(), RouterController(mixtral) as rc:
+        mixtral(IDS[:, :1])
+        default = {layer: r.clone() for layer, r in rc.routes().items()}
+        for layer in (0, 1):
+            other = [e for e in range(4) if e not in default[layer][0, 0].tolist()]
+            rc.force(layer, 0, other)
+            rc.force(layer, "prefill", other)
+        mixtral(IDS[:, :1])
+        assert all(torch.equal(rc.routes()[layer], default[layer]) for layer in (0, 1))
+        mixtral(IDS[:, :2])  # a two-token call is a prefill: the rules act
+        assert sorted(rc.routes()[0][0, 0].tolist()) == [e for e in range(4) if e not in default[0][0, 0].tolist()]
+        rc.clear()
+        other = [e for e in range(4) if e not in default[1][0, 0].tolist()]
+        rc.mask(1, default[1][0, 0].tolist())  # no positions: every call, decode steps included
+        mixtral(IDS[:, :1])
+        assert sorted(rc.routes()[1][0, 0].tolist()) == other

@@ -57,16 +57,13 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from ..common.io import atomic_write_with
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -165,17 +162,51 @@ PRESETS: dict[str, Config] = {
 }
 
 
+def _save_codec(codec: FrameCodec, path: Path, dim: int) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in codec.state_dict().items()}, str(path / "codec.safetensors"))
+    args = {"codebook_size": codec.codebook_size, "dim": dim, "seed": codec.seed, "levels": codec.levels}
+    (path / "codec.json").write_text(json.dumps(args), encoding="utf-8")
+
+
+def _load_codec(path: Path) -> FrameCodec:
+    from ..common.cache import load_tensors
+
+    codec = FrameCodec(**json.loads((path / "codec.json").read_text(encoding="utf-8")))
+    codec.load_state_dict(load_tensors(path / "codec.safetensors"))
+    return codec.eval()
+
+
+def _save_lm(lm: Any, path: Path) -> None:
+    lm.save_pretrained(path)  # safetensors
+    (path / "heldout.json").write_text(json.dumps({"heldout_nll_": getattr(lm, "heldout_nll_", None)}),
+                                       encoding="utf-8")
+
+
+def _load_lm(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    nll = json.loads((path / "heldout.json").read_text(encoding="utf-8"))["heldout_nll_"]
+    if nll is not None:
+        lm.heldout_nll_ = nll
+    return lm.eval()
+
+
 def _cached_model(cfg: Config, key: dict[str, Any], build: Any, kind: str) -> Any:
+    """The codec or token LM keyed by ``key``, through ``common.cache`` (atomic, verified, safetensors only: a cache
+    file is never unpickled). The returned model is always the reloaded one, so a hit and a miss agree."""
     if not cfg.cache:
         return build()
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir() / "audio_watermark" / f"{kind}_{digest}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=False)
-    obj = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
-    return obj
+    from ..common.cache import cached_entry
+
+    if kind == "codec":
+        save, load = (lambda codec, path: _save_codec(codec, path, cfg.dim)), _load_codec
+    else:
+        save, load = _save_lm, _load_lm
+    return cached_entry("audio_watermark_models", {**key, "kind": kind, "format": "safetensors"}, build,
+                        save=save, load=load)
 
 
 def models(cfg: Config) -> tuple[list[np.ndarray], FrameCodec, FrameCodec, Any]:

@@ -1,7 +1,9 @@
 """The one cache of the labs' trained models (``tiny_lm.cached``, ``tiny_vlm.cached_vlm``) and of small JSON results.
 
 An entry lives at ``cache_dir() / namespace / digest`` where ``digest`` hashes the key (everything that determines
-what is cached) and the icml26 version. A fault costs a rebuild, never a crash and never a half-written entry:
+what is cached), the icml26 version and a digest of the code that builds it (``code_digest``: every source file of
+``common/`` and of the package that defines the build function), so an edit to the training code misses the old
+entries instead of loading a model the new code would not train. A fault costs a rebuild, never a crash and never a half-written entry:
 
 - **atomic writes**: a model is saved into a fresh ``.tmp-*`` directory beside its entry, every file and the
   directory are fsynced, a manifest (sha256 of every file) is written last, then the directory is renamed onto the
@@ -30,10 +32,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -69,12 +74,47 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ICML26_CACHE", Path.home() / ".cache" / "icml26"))
 
 
-def key_digest(key: dict[str, Any]) -> str:
-    """20 hex digits of the sha256 of ``key`` and the icml26 version (JSON, sorted keys)."""
+@functools.cache
+def _tree_digest(directory: str) -> str:
+    """sha256 of every ``*.py`` file under ``directory`` (relative path and bytes, sorted)."""
+    h = hashlib.sha256()
+    root = Path(directory)
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def code_digest(fn: Callable[..., Any]) -> str:
+    """16 hex digits naming the code behind ``fn``: all of ``icml26/common`` and, when ``fn`` is defined in a paper
+    package ``icml26.<slug>``, every file of that package (otherwise the one file that defines ``fn``).
+
+    Coarse on purpose: any edit to the lab or to the paper invalidates the paper's entries (a rebuild costs
+    minutes; a stale model costs a wrong number).
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = inspect.unwrap(fn)
+    module_name = getattr(fn, "__module__", None) or ""
+    common = Path(__file__).resolve().parent
+    parts = [_tree_digest(str(common))]
+    if module_name.startswith("icml26."):
+        if module_name.split(".")[1] != "common":
+            parts.append(_tree_digest(str(common.parent / module_name.split(".")[1])))
+    else:
+        source = getattr(sys.modules.get(module_name), "__file__", None)
+        if source and Path(source).is_file():
+            parts.append(hashlib.sha256(Path(source).read_bytes()).hexdigest())
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
+
+
+def key_digest(key: dict[str, Any], code: Callable[..., Any] | None = None) -> str:
+    """20 hex digits of the sha256 of ``key``, the icml26 version and ``code_digest(code)`` (JSON, sorted keys)."""
     from .. import __version__
 
-    return hashlib.sha256(json.dumps({**key, "icml26": __version__}, sort_keys=True, default=str).encode()
-                          ).hexdigest()[:20]
+    full = {**key, "icml26": __version__}
+    if code is not None:
+        full["code"] = code_digest(code)
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def _warn(msg: str) -> None:
@@ -188,12 +228,12 @@ def cached_entry(namespace: str, key: dict[str, Any], build: Callable[[], T], *,
 
     Args:
         namespace: the entries' folder under ``cache_dir()`` (``"tiny_lm"``, ``"tiny_vlm"``).
-        key: everything that determines the value (JSON-able; ``str`` for the rest).
-        build: makes the value on a miss.
+        key: everything that determines the value besides the code (JSON-able; ``str`` for the rest).
+        build: makes the value on a miss; its code (``code_digest``) is part of the entry's name.
         save: writes a value into an existing empty directory.
         load: reads a value back from such a directory.
     """
-    target = cache_dir() / namespace / key_digest(key)
+    target = cache_dir() / namespace / key_digest(key, build)
     if target.exists() or target.is_symlink():
         try:
             verify_entry(target)
@@ -237,7 +277,7 @@ def cached_json(namespace: str, key: dict[str, Any], compute: Callable[[], dict[
     An unreadable file (truncated, garbage, not a JSON object) is replaced with a warning; writes are atomic; a
     read-only cache runs uncached.
     """
-    path = cache_dir() / namespace / f"{key_digest(key)}.json"
+    path = cache_dir() / namespace / f"{key_digest(key, compute)}.json"
     if path.exists() or path.is_symlink():
         try:
             stored = json.loads(path.read_text(encoding="utf-8"))

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cache import cache_dir as cache_dir  # re-exported: the papers read their cache folder from here
 from .optional import requires
 from .progress import progress
 
@@ -367,15 +368,11 @@ def accuracy(model: Any, tokenizer: Any, task: Task, prompts: Sequence[str], **k
 
 
 # ------------------------------------------------------------------------------------------------------ cache
-def cache_dir() -> Path:
-    """``$ICML26_CACHE`` or ``~/.cache/icml26``."""
-    return Path(os.environ.get("ICML26_CACHE", Path.home() / ".cache" / "icml26"))
-
-
 def cached(key: dict[str, Any], build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
     """``load_lab_model`` of the directory keyed by ``key``, building and saving it atomically on a miss.
 
-    ``key`` must hold everything that determines the model (config, task, steps, seed, code version). Faults
+    ``key`` must hold everything that determines the model but the code (config, task, steps, seed); the code that
+    trains it is keyed by ``common.cache.code_digest(build)``. Faults
     (a corrupt entry healed, a read-only cache run uncached, ...) are ``common.cache.cached_entry``'s.
     """
     from .cache import cached_entry

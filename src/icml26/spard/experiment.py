@@ -54,7 +54,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +62,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.io import atomic_write_text
+from ..common.cache import cached_json
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import (
-    cache_dir,
     cached,
     char_tokenizer,
     completion_batch,
@@ -183,7 +181,7 @@ PRESETS: dict[str, Config] = {
 def _lab_key(cfg: Config, role: str, **extra: Any) -> dict[str, Any]:
     return {"paper": "spard", "role": role, "lab_seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
             "pretrain": [cfg.pretrain_steps, cfg.pretrain_lr], "align": [cfg.align_steps, cfg.align_lr],
-            "world": "v1", **extra}
+            **extra}
 
 
 def _new_model(cfg: Config, tok: Any) -> Any:
@@ -447,14 +445,6 @@ def utility_outcomes(model: Any, tok: Any, problems: list[Sample]) -> list[float
 
 
 # ------------------------------------------------------------------------------------------------------ tuning
-def _source_digest() -> str:
-    here = Path(__file__).parent
-    h = hashlib.sha256()
-    for name in ("experiment.py", "core.py", "baselines.py", "data.py", "selection.py"):
-        h.update((here / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def _tuning_fields(cfg: Config) -> dict[str, Any]:
     skip = {"seed", "n_utility_test", "eval_all_datasets", "arms", "cache", "tune"}
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
@@ -491,11 +481,13 @@ def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[st
                 "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0]}
     if not cfg.tune:
         return {**defaults, "tuned": False}
-    key = {"fields": _tuning_fields(cfg), "code": _source_digest()}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = cache_dir() / "spard" / f"tuning-{digest}.json"
-    if cfg.cache and path.is_file():
-        return json.loads(path.read_text())
+    if not cfg.cache:
+        return _tune(cfg, world, tok, pre, aligned)
+    # keyed by the tuning-relevant fields and (by common.cache) the digest of this package's code
+    return cached_json("spard_tuning", {"fields": _tuning_fields(cfg)}, lambda: _tune(cfg, world, tok, pre, aligned))
+
+
+def _tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[str, Any]:
     judge = TieredJudge(world)
     t_seed = tuning_seed(cfg)
     ft = finetune_set(cfg, world, t_seed)
@@ -538,9 +530,6 @@ def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[st
         return m
 
     search("safelora_threshold", cfg.safelora_thresholds, projected, geometric=False, valid=lambda v: 0 <= v <= 1)
-    if cfg.cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(out, indent=2))
     return out
 
 
