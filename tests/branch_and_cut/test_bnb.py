@@ -112,6 +112,24 @@ def test_min_tree_oracle_against_brute_force():
         min_tree_size(tie_breaking_family(5), max_n=4)
 
 
+def test_ties_are_within_a_relative_tolerance_not_exact():
+    """Scores that differ only by LP round-off (1e-12 relative) are a tie; a clear gap (1e-6) is not."""
+    cands = np.array([2, 5, 7])
+    assert pick(np.array([1.0, 1.0 - 1e-12, 0.5]), cands, "reverse") == 5
+    assert pick(np.array([1.0, 1.0 - 1e-6, 0.5]), cands, "reverse") == 2
+    assert pick(np.array([-2.0, -2.0 * (1 + 1e-12), -3.0]), cands, "reverse") == 5
+
+
+def test_a_node_no_better_than_the_cutoff_is_pruned():
+    """B&B prunes a node whose LP bound only ties the cutoff: an equally good point does not *beat* it."""
+    m = MILP([1.0, 1.0], A_ub=[[-1.0, -1.0]], b_ub=[-1.0], ub=[3, 3])  # min x0 + x1, x0 + x1 >= 1: LP integral, 1
+    assert solve_bnb(m, StrongBranching()).objective == pytest.approx(1.0)
+    tied = solve_bnb(m, StrongBranching(), cutoff=1.0)
+    assert (tied.status, tied.objective, tied.nodes) == ("infeasible", None, 1)
+    better = solve_bnb(m, StrongBranching(), cutoff=1.5)
+    assert better.status == "optimal" and better.objective == pytest.approx(1.0)
+
+
 def test_pick_and_perturbations():
     cands = np.array([2, 5, 7])
     assert pick(np.array([1.0, 1.0, 0.5]), cands, "index") == 2
