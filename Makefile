@@ -62,7 +62,7 @@ test: $(STAMP)
 	$(VENV)/bin/icml26 report --check
 
 reproduce: $(STAMP)
-	$(VENV)/bin/icml26 reproduce --all --mode quick
+	$(VENV)/bin/icml26 reproduce --all --mode quick --out results
 	$(VENV)/bin/icml26 report
 
 report: $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -164,6 +165,17 @@ def test_summary_fits_100_columns_and_plots_are_printed(capsys, monkeypatch, tmp
     assert all(len(line) <= 100 for line in captured.out.splitlines())
     assert "gain" in captured.out and "holds" in captured.out
     assert f"demo: plot {tmp_path / 'r' / 'demo' / 'quick_demo.png'}" in captured.err
+
+
+def test_reproduce_writes_to_a_scratch_directory_by_default(capsys, monkeypatch, tmp_path):
+    """Without --out the result goes to ./runs, never over a clone's committed ./results (issue #45 item 5)."""
+    _demo_cli(monkeypatch, tmp_path, None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "demo").mkdir(parents=True)
+    assert main(["reproduce", "demo"]) == 0
+    assert (tmp_path / "runs" / "demo" / "quick.json").is_file()
+    assert list((tmp_path / "results" / "demo").iterdir()) == []
+    assert f"demo: wrote {Path('runs') / 'demo' / 'quick.json'}" in capsys.readouterr().err
 
 
 def test_mode_help_describes_the_presets(capsys):

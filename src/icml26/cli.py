@@ -41,7 +41,8 @@ MODES_HELP = """modes:
   smoke  one seed, a tiny budget: does the pipeline run (seconds); verdicts are mostly inconclusive
   quick  the card's quick seeds and preset, under 2 minutes a paper on 2 cores: the README's table
   full   the card's full seeds and preset, under 15 minutes a paper: the committed full results
-Results go to OUT/<slug>/<mode>.json; plots beside them. Run from a clean commit for results to commit."""
+Results go to OUT/<slug>/<mode>.json (default ./runs, scratch); plots beside them. To replace a clone's committed
+results, run from a clean commit with --out results (scripts/regenerate.py does this in a worktree)."""
 
 #: exit statuses
 EXIT_FAILED, EXIT_USAGE, EXIT_OS, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.add_argument("slug")
 
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    p_rep = sub.add_parser("reproduce", help="run reproductions and write results/<slug>/<mode>.json",
+    p_rep = sub.add_parser("reproduce", help="run reproductions and write OUT/<slug>/<mode>.json",
                            formatter_class=argparse.RawDescriptionHelpFormatter, description=MODES_HELP)
     p_rep.add_argument("slugs", nargs="*", metavar="SLUG", help="papers to run (or --all)")
     p_rep.add_argument("--all", action="store_true",
@@ -91,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="smoke (seconds: does it run), quick (default; < 2 min a paper), full (< 15 min a "
                             "paper); see below")
     p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
-    p_rep.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
+    p_rep.add_argument("--out", type=Path, default=Path("runs"),
+                       help="results root (default: ./runs, a scratch directory; give --out results on purpose to "
+                            "replace the committed results of a clone)")
     p_rep.add_argument("--force", action="store_true",
                        help="overwrite an existing OUT/<slug>/<mode>.json even when it ran other seeds")
     _add_llm_options(p_rep, "AIR's semantic(...) checks and LLM rule synthesis; other papers ignore it. ")
