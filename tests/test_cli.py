@@ -26,10 +26,31 @@ def test_list_pattern(capsys):
     assert main(["list", "zzz"]) == 1
 
 
+@pytest.mark.parametrize("argv", [["--debug", "info", "x"], ["info", "x", "--debug"],
+                                  ["--debug", "air", "check", "f"], ["air", "check", "f", "--debug"]])
+def test_debug_before_or_after_the_subcommand(argv):
+    assert cli.build_parser().parse_args(argv).debug is True
+    assert cli.build_parser().parse_args([a for a in argv if a != "--debug"]).debug is False
+
+
 def test_info(capsys):
     assert main(["info", "shampoo"]) == 0
     out = capsys.readouterr().out
     assert "05 shampoo" in out and "check: " in out and "quick: seeds [" in out
+
+
+def test_info_checks_the_system_programs_an_extra_needs(capsys, monkeypatch):
+    """`icml26 info audio_watermark` looks for espeak-ng and lame on PATH, not only for the Python extra."""
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda p, *a, **k: None if p == "lame" else real(p, *a, **k))
+    assert main(["info", "audio_watermark"]) == 0
+    out = capsys.readouterr().out
+    assert "system programs not on PATH: lame (apt-get install -y lame)" in out
+    monkeypatch.setattr(shutil, "which", lambda p, *a, **k: f"/usr/bin/{p}")
+    assert main(["info", "audio_watermark"]) == 0
+    assert "system programs found: espeak-ng, lame" in capsys.readouterr().out
 
 
 def test_unknown_slug_exits_2_with_close_matches(capsys):
@@ -176,6 +197,14 @@ def test_reproduce_writes_to_a_scratch_directory_by_default(capsys, monkeypatch,
     assert (tmp_path / "runs" / "demo" / "quick.json").is_file()
     assert list((tmp_path / "results" / "demo").iterdir()) == []
     assert f"demo: wrote {Path('runs') / 'demo' / 'quick.json'}" in capsys.readouterr().err
+
+
+def test_smoke_says_its_verdicts_are_not_evidence(capsys, monkeypatch, tmp_path):
+    _demo_cli(monkeypatch, tmp_path, None)
+    assert main(["reproduce", "demo", "--mode", "smoke", "--out", str(tmp_path / "r")]) == 0
+    assert "are not evidence" in capsys.readouterr().err
+    assert main(["reproduce", "demo", "--mode", "quick", "--out", str(tmp_path / "r")]) == 0
+    assert "are not evidence" not in capsys.readouterr().err
 
 
 def test_mode_help_describes_the_presets(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,3 +224,25 @@ def test_unit_ids_per_metric():
         SeedRun({}, units={"items": {"a": {"x": [1, 0, 1]}}}, unit_ids={"a.x": ["p", "q"]})
     with pytest.raises(ValueError, match="no per-unit values"):
         SeedRun({}, units={"items": {"a": {"x": [1, 0, 1]}}}, unit_ids={"a.y": ["p", "q", "r"]})
+
+
+def test_a_killed_writers_temp_files_are_swept_by_the_next_write(tmp_path):
+    """`kill -9` mid-write leaves `.name.XXXX.tmp`; the next write of that target removes it once it is stale."""
+    import time
+
+    target = tmp_path / "quick.json"
+    old = tmp_path / ".quick.json.abc123.tmp"
+    fresh = tmp_path / ".quick.json.def456.tmp"  # a writer still at work: too young to remove
+    other = tmp_path / ".full.json.abc123.tmp"  # another target's: not this write's business
+    plot_old = tmp_path / ".quick_a.abc123.png"
+    for p in (old, fresh, other, plot_old):
+        p.write_text("half")
+    stale = time.time() - icml_io.STALE_TMP_S - 10
+    for p in (old, other, plot_old):
+        os.utime(p, (stale, stale))
+    icml_io.atomic_write_text(target, "{}")
+    assert target.read_text() == "{}"
+    assert not old.exists() and fresh.exists() and other.exists()
+    icml_io.atomic_write_with(tmp_path / "quick_a.png", lambda p: Path(p).write_bytes(b"png"))
+    assert not plot_old.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        ".full.json.abc123.tmp", ".quick.json.def456.tmp", "quick.json", "quick_a.png"]

@@ -24,7 +24,15 @@ from pathlib import Path
 
 from . import __version__
 from .common.optional import install_hint
-from .registry import Paper, UnknownPaperError, get_paper, list_papers, missing_extras
+from .registry import (
+    SYSTEM_PROGRAMS,
+    Paper,
+    UnknownPaperError,
+    get_paper,
+    list_papers,
+    missing_extras,
+    missing_programs,
+)
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -38,7 +46,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 MODES_HELP = """modes:
-  smoke  one seed, a tiny budget: does the pipeline run (seconds); verdicts are mostly inconclusive
+  smoke  one seed, a tiny budget: does the pipeline run (seconds); its verdicts are not evidence
   quick  the card's quick seeds and preset, under 2 minutes a paper on 2 cores: the README's table
   full   the card's full seeds and preset, under 15 minutes a paper: the committed full results
 Results go to OUT/<slug>/<mode>.json (default ./runs, scratch); plots beside them. To replace a clone's committed
@@ -74,16 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icml26", description="Working implementations and CPU-scale reproductions of ICML 2026 papers.")
     parser.add_argument("--version", action="version", version=f"icml26 {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    # --debug also after the subcommand; SUPPRESS keeps a subcommand from resetting one given before it
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p_list = sub.add_parser("list", help="list the papers (number, slug, kind, status)")
+    p_list = sub.add_parser("list", parents=[debug], help="list the papers (number, slug, kind, status)")
     p_list.add_argument("pattern", nargs="?", help="glob on the slug, or a substring of slug or title")
 
-    p_info = sub.add_parser("info", help="a paper's card: claims, extras, how to reproduce")
+    p_info = sub.add_parser("info", parents=[debug], help="a paper's card: claims, extras, how to reproduce")
     p_info.add_argument("slug")
 
-    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    p_rep = sub.add_parser("reproduce", help="run reproductions and write OUT/<slug>/<mode>.json",
+    p_rep = sub.add_parser("reproduce", parents=[debug], help="run reproductions and write OUT/<slug>/<mode>.json",
                            formatter_class=argparse.RawDescriptionHelpFormatter, description=MODES_HELP)
     p_rep.add_argument("slugs", nargs="*", metavar="SLUG", help="papers to run (or --all)")
     p_rep.add_argument("--all", action="store_true",
@@ -99,17 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="overwrite an existing OUT/<slug>/<mode>.json even when it ran other seeds")
     _add_llm_options(p_rep, "AIR's semantic(...) checks and LLM rule synthesis; other papers ignore it. ")
 
-    p_report = sub.add_parser("report", help="regenerate the README tables from results/")
+    p_report = sub.add_parser("report", parents=[debug], help="regenerate the README tables from results/")
     p_report.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     p_report.add_argument("--root", type=Path, default=None, help="project root (default: found from cwd)")
 
-    p_air = sub.add_parser("air", help="AIR tools: `icml26 air check FILE...` lints incident-response rule files")
+    p_air = sub.add_parser("air", parents=[debug], help="AIR tools: `icml26 air check FILE...` lints incident-response rule files")
     air_sub = p_air.add_subparsers(dest="air_command", required=True, metavar="ACTION")
-    p_check = air_sub.add_parser("check", help="parse and validate rule files; report file:line:column: problem")
+    p_check = air_sub.add_parser("check", parents=[debug], help="parse and validate rule files; report file:line:column: problem")
     p_check.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p_check.add_argument("--semantic", action="store_true",
                          help="a semantic(...) backend will be configured (else such checks are reported)")
-    p_proxy = air_sub.add_parser("proxy", help="an MCP server enforcing AIR rules in front of another MCP server: "
+    p_proxy = air_sub.add_parser("proxy", parents=[debug], help="an MCP server enforcing AIR rules in front of another MCP server: "
                                  "icml26 air proxy --rules FILE -- COMMAND ARGS...")
     p_proxy.add_argument("--rules", type=Path, required=True, help="AIR rule file")
     p_proxy.add_argument("--task", default="", help="the user's task, for context rules")
@@ -136,8 +148,16 @@ def _extras_line(paper: Paper, which: str) -> str:
     extras = getattr(paper, which)
     if not extras:
         return "none"
-    missing = missing_extras(paper, which)
-    parts = [f"{e} ({'missing: ' + install_hint(e) if e in missing else 'installed'})" for e in extras]
+    missing, absent = missing_extras(paper, which), missing_programs(paper, which)
+    parts = []
+    for e in extras:
+        state = "missing: " + install_hint(e) if e in missing else "installed"
+        if e in absent:
+            progs = " ".join(absent[e])
+            state += f"; system programs not on PATH: {progs} (apt-get install -y {progs})"
+        elif SYSTEM_PROGRAMS.get(e):
+            state += f"; system programs found: {', '.join(SYSTEM_PROGRAMS[e])}"
+        parts.append(f"{e} ({state})")
     return ", ".join(parts)
 
 
@@ -306,6 +326,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
                 print(f"{p.slug}: plot {plot}", file=sys.stderr)
     if rows:
         print(_summary(rows))
+        if args.mode == "smoke":
+            print("smoke: one seed and a tiny budget check that the pipeline runs; these verdicts (fails "
+                  "included) are not evidence about the papers: run --mode quick or full", file=sys.stderr)
     if skipped:
         print("skipped (missing extras): " + "; ".join(skipped), file=sys.stderr)
     return EXIT_FAILED if failed else 0

@@ -355,6 +355,22 @@ def extra_requirements(extra: str) -> list[str]:
     return names
 
 
+#: system programs (Debian package = program name) an extra needs on PATH besides its Python distributions
+SYSTEM_PROGRAMS: dict[str, tuple[str, ...]] = {"audio-watermark": ("espeak-ng", "lame")}
+
+
+def missing_programs(paper: Paper, which: str = "extras") -> dict[str, list[str]]:
+    """``{extra: [system programs not on PATH]}`` for the extras ``paper`` needs (see ``SYSTEM_PROGRAMS``)."""
+    import shutil
+
+    out: dict[str, list[str]] = {}
+    for extra in getattr(paper, which):
+        missing = [p for p in SYSTEM_PROGRAMS.get(extra, ()) if shutil.which(p) is None]
+        if missing:
+            out[extra] = missing
+    return out
+
+
 def missing_extras(paper: Paper, which: str = "extras") -> dict[str, list[str]]:
     """``{extra: [missing distributions]}`` for the extras ``paper`` needs (``which``: extras or component_extras)."""
     out: dict[str, list[str]] = {}

@@ -1,7 +1,9 @@
 """Atomic file writes: a temp file in the target directory, then ``os.replace``.
 
 Nothing half-written is ever left at the target path: a reader sees either the old file or the new one. The
-file gets the permissions a plain ``open`` would give (0666 less the umask), not ``mkstemp``'s 0600.
+file gets the permissions a plain ``open`` would give (0666 less the umask), not ``mkstemp``'s 0600. A temp file
+that a killed writer (``kill -9``) left beside the target is removed by the next write of that target once it is
+older than ``STALE_TMP_S``.
 
 Example:
     >>> import tempfile, pathlib
@@ -14,11 +16,25 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
+
+STALE_TMP_S = 3600.0
+"""age after which a temp file beside a target is taken to be a killed writer's and removed"""
+
+
+def _sweep(parent: Path, prefix: str, suffix: str) -> None:
+    """Remove ``prefix*suffix`` temp files in ``parent`` older than ``STALE_TMP_S`` (a killed writer's)."""
+    now = time.time()
+    for p in parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
+        with contextlib.suppress(OSError):
+            if p.is_file() and now - p.lstat().st_mtime > STALE_TMP_S:
+                p.unlink()
 
 
 def _umask_mode() -> int:
@@ -40,6 +56,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(target.parent, f".{target.name}.", ".tmp")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
@@ -67,6 +84,7 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[str], None
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(target.parent, f".{target.stem}.", target.suffix)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=target.suffix, dir=target.parent)
     os.close(fd)
     try:
