@@ -22,7 +22,7 @@ from typing import Any
 
 #: arm metrics that measure the machine, not the method
 TIMING_WORDS = ("wall", "seconds", "time_s", "train_s", "build_s", "_s_per", "ms_per", "cpu_ms", "overhead_ms", "throughput",
-                "elapsed", "time_ratio")
+                "elapsed", "time_ratio", "search_s")
 
 
 def _same(a: Any, b: Any) -> bool:
