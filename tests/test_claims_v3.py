@@ -21,7 +21,7 @@ from icml26.common.claims import clopper_pearson, parse_check
 #: the project's designs (runs x units per run) and the seed-level spread of the effect, in unit sds
 DESIGNS = ((3, 48), (3, 60), (5, 60), (3, 600))
 SPREADS = (0.0, 0.05, 0.1, 0.2, 0.3)
-KINDS = ("continuous", "rate", "rate05", "paired01", "shared")
+KINDS = ("continuous", "rate", "rate05", "paired01", "shared", "shared01", "shared_rate")
 
 
 def arms(unit="units", **series):
@@ -53,6 +53,22 @@ def draw(kind: str, g: int, m: int, spread: float, rng: np.random.Generator, eff
             a.append((rng.random(m) < 0.5 + shift / 2).astype(float))
             b.append((rng.random(m) < 0.5 - shift / 2).astype(float))
         return parse_check("a.x - b.x >= 0 over units"), arms(a__x=a, b__x=b), None
+    if kind in ("shared01", "shared_rate"):  # 0/1 outcomes on a fixed test set, the models retrained per seed
+        ids = {"units": [[f"u{i}" for i in range(m)]] * g}
+        if kind == "shared01":  # each item its own rate and its own effect (mean 0 over the item population)
+            q, e = rng.uniform(0.2, 0.8, m), 0.3 * rng.standard_normal(m)
+            a, b = [], []
+            for _ in range(g):
+                d = spread * 0.5 * rng.standard_normal() + effect
+                a.append((rng.random(m) < np.clip(q + (e + d) / 2, 0, 1)).astype(float))
+                b.append((rng.random(m) < np.clip(q - (e + d) / 2, 0, 1)).astype(float))
+            return parse_check("a.x - b.x >= 0 over units"), arms(a__x=a, b__x=b), ids
+        p0 = 0.2  # items' rates Beta around the rate (mean p0 - effect), a seed-level shift on top
+        mu = p0 - effect
+        q = rng.beta(4 * mu, 4 * (1 - mu), m)
+        runs = [(rng.random(m) < np.clip(q + spread * math.sqrt(p0 * (1 - p0)) * rng.standard_normal(), 0, 1))
+                .astype(float) for _ in range(g)]
+        return parse_check(f"a.x <= {p0} over units"), arms(a__x=runs), ids
     shared = kind == "shared"  # the same test units in every run (a fixed test set, models retrained per seed)
     item = rng.standard_normal(m)
     a = [rng.standard_normal(m) + spread * rng.standard_normal() + effect + (item if shared else 0.0)
@@ -110,6 +126,35 @@ def test_level_with_skewed_seed_rates(kind, design):
     reps = 4000
     rates = {spread: holds_rate(kind, *design, spread, reps, seed=3) for spread in BETA_SPREADS}
     assert max(rates.values()) <= 0.06, (kind, design, rates)
+
+
+def test_shared_units_are_not_counted_twice_in_the_exact_floor():
+    """v5: 25 runs on the same 60 items with an effect of 0.15 (spard's full design): the exact floor on
+    min(n_distinct, n_total / deff) effective units leaves the t's power; v4's n_distinct / deff (3.6 units at
+    spard's design effect) had none."""
+    assert holds_rate("shared01", 25, 60, 0.1, 150, seed=7, effect=0.15) >= 0.3
+    rng = np.random.default_rng(7)
+    v4 = sum(parse_check("a.x - b.x >= 0 over units").evaluate(data, unit_ids=ids, rules=4).verdict == "holds"
+             for _check, data, ids in (draw("shared01", 25, 60, 0.1, rng, 0.15) for _ in range(40)))
+    assert v4 == 0
+
+
+def test_effective_units_by_hand():
+    """The floor's effective units: min(n_distinct, n_total / deff); deff = the interval's variance over the
+    pooled units' variance / n_total (v5), shown in the test's text; v4 divided n_distinct by that deff."""
+    rng = np.random.default_rng(2)
+    q = rng.uniform(0.1, 0.9, 40)
+    runs = [(rng.random(40) < q).astype(float) for _ in range(6)]
+    data, ids = arms(a__x=runs), {"units": [[f"u{i}" for i in range(40)]] * 6}
+    out5 = parse_check("a.x >= 0.3 over units").evaluate(data, unit_ids=ids, rules=5)
+    out4 = parse_check("a.x >= 0.3 over units").evaluate(data, unit_ids=ids, rules=4)
+    x = np.concatenate(runs)
+    deff = out5.design["design_effect"]
+    assert deff == pytest.approx(out4.design["design_effect"])
+    n_eff = min(40.0, 240.0 / max(deff, 1.0))
+    k = x.sum() * n_eff / 240.0
+    assert f"Clopper-Pearson on {n_eff:g} " in out5.test and f"({k:g} of {n_eff:g})" in out5.test
+    assert f"Clopper-Pearson on {40.0 / max(deff, 1.0):g} " in out4.test
 
 
 @pytest.mark.slow
@@ -193,14 +238,16 @@ def test_binary_runs_no_narrower_than_exact_on_distinct_units():
 
 
 def test_exact_floor_on_effective_units_v4_and_v3_kept():
-    """v4 floors 0/1 bounds with Clopper-Pearson on the distinct units over the design effect; ``rules=3``
-    (distinct units only) still re-decides results written under it; other rules are refused."""
+    """Without shared units v5 and v4 floor 0/1 bounds with Clopper-Pearson on the distinct units over the design
+    effect; ``rules=3`` (distinct units only) still re-decides results written under it; other rules are
+    refused."""
     rng = np.random.default_rng(6)
     # three runs whose rates differ well beyond their binomial noise: design effect > 1
     runs = [(rng.random(48) < p).astype(float) for p in (0.05, 0.30, 0.12)]
     data = arms("incidents", m__fp=runs)
     check = parse_check("m.fp <= 0.2 over incidents")
-    v4, v3 = check.evaluate(data), check.evaluate(data, rules=3)
+    v4, v3 = check.evaluate(data, rules=4), check.evaluate(data, rules=3)
+    assert check.evaluate(data) == v4  # no shared units: v5 decides as v4
     k, n = int(sum(r.sum() for r in runs)), 144
     deff = v4.design["design_effect"]
     assert deff > 1 and v4.design == v3.design
@@ -208,7 +255,7 @@ def test_exact_floor_on_effective_units_v4_and_v3_kept():
     assert v4.interval[1] >= hi4 - 1e-12 and v4.interval[0] <= lo4 + 1e-12
     assert v3.interval[1] <= v4.interval[1] and f"effective distinct units (design effect {deff:.3g})" in v4.test
     assert "Clopper-Pearson on 144 distinct units" in v3.test
-    for bad in (2, 5):
+    for bad in (2, 6):
         with pytest.raises(ValueError, match="rules"):
             check.evaluate(data, rules=bad)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.claims import RULES, VERDICTS, Check, components, describe_interval, describe_stat
+from .common.claims import RULES, VERDICTS, Check, components, describe_interval, describe_stat, parse_check
 from .common.io import atomic_write_text
 from .common.repro import provenance
 from .common.results import ResultSchemaError, markdown_table, read_result, summarize
@@ -120,8 +120,8 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
     """Everything wrong with a stored result: recomputed numbers, card agreement, provenance.
 
     Every mean, std, per-unit mean, verdict, estimate, interval, test, units and ``ours`` text is recomputed
-    from the stored values with the rules the result was decided by (``rules``: 4, or 3 for results written
-    before verdicts v4); claims (text, check, kind, direction, headline flag, minimum-effect reason, paper
+    from the stored values with the rules the result was decided by (``rules``: 5, or 3 and 4 for results
+    written before verdicts v5); claims (text, check, kind, direction, headline flag, minimum-effect reason, paper
     value) and seeds are compared with the card; the tree the result came from must have been clean and its
     source files must hash as they do now. With ``git``: ``env.git_sha`` must be a commit of this branch, the
     card and source hashes must be those of that commit, and the card's decision fields then must equal the
@@ -312,6 +312,29 @@ def tally(data: Mapping[str, Any] | None) -> str:
     return " / ".join(str(counts[v]) for v in VERDICTS)
 
 
+def current_rules_agree(data: Mapping[str, Any]) -> bool:
+    """Whether this module's rules (``RULES``) give every stored claim of a result decided by older rules the
+    same verdict and bounds (then the result's numbers stand as they are; otherwise it is to be regenerated)."""
+    for claim in data["claims"]:
+        try:
+            out = parse_check(claim["check"]).evaluate(data["arms"], unit_ids=data.get("unit_ids"), rules=RULES)
+        except (KeyError, ValueError):
+            return False
+        if out.verdict != claim["verdict"] or not _close(list(out.interval), claim["interval"]):
+            return False
+    return True
+
+
+def rules_note(data: Mapping[str, Any]) -> str:
+    """``""`` for a result decided by this module's rules, else which rules decided it and whether the current
+    ones agree."""
+    if data["rules"] >= RULES:
+        return ""
+    if current_rules_agree(data):
+        return f"verdicts v{data['rules']}; v{RULES} decides the same"
+    return f"verdicts v{data['rules']}, to be regenerated: v{RULES} decides differently"
+
+
 def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | None) -> str:
     if entry is None or data is None:
         return "—"
@@ -320,8 +343,8 @@ def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | No
     if head is not None and not head["decidable"]:
         pending = ", ".join(f"{k} {v}" for k, v in head["preconditions"].items() if v != "holds")
         cell = f"not decidable in this world ({pending}); measured: {cell}"
-    if data["rules"] < RULES:
-        cell += f" (verdicts v{data['rules']})"
+    if data["rules"] < RULES and not current_rules_agree(data):
+        cell += f" ({rules_note(data)})"
     return cell
 
 
@@ -413,9 +436,9 @@ def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]])
         "counted as a cluster, each distinct unit once. Full mode decides; quick runs other seeds and checks "
         "the pipeline (its power, from its own variance, is beside it). A headline is *not decidable in this "
         "world* unless every precondition of its mode holds. Sanity checks (true by construction) and "
-        "preconditions are shown in the papers' READMEs and not counted. \"(verdicts v3)\" marks a result "
-        "decided by the previous rules (0/1 outcomes floored on distinct, not effective, units), still to be "
-        "regenerated.")
+        "preconditions are shown in the papers' READMEs and not counted. \"(verdicts vN, to be regenerated)\" "
+        "marks a result decided by earlier rules that the current ones decide differently (`icml26.common.claims` "
+        "lists what each version changed).")
 
 
 def render_claims(data: Mapping[str, Any]) -> str:
@@ -465,7 +488,7 @@ def render_paper(paper: Paper, loaded: Mapping[tuple[str, str], Mapping[str, Any
         if data is None:
             continue
         env = data["env"]
-        rules = f"verdicts v{data['rules']}" + ("" if data["rules"] >= RULES else " (to be regenerated)")
+        rules = rules_note(data) or f"verdicts v{data['rules']}"
         parts.append(
             f"### {mode} mode — seeds {', '.join(map(str, data['seeds']))}; {data['wall_s']:.0f} s; "
             f"torch {env.get('torch')}, git {str(env.get('git_sha'))[:10]}; {rules}; evidence holds / "
