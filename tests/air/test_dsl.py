@@ -176,3 +176,16 @@ def test_no_code_execution_in_the_package():
     for f in src.rglob("*.py"):
         text = f.read_text()
         assert not re.search(r"(?<![\w.])(eval|exec)\(", text), f"{f} calls eval/exec"
+
+
+def test_a_missing_path_never_compares_true():
+    """A path the call does not carry is MISSING: no comparison with it holds, not even ``!=`` (a rule
+    ``call.args.email != ""`` must not fire on a call without an email)."""
+    env = {"call": {"name": "t", "args": {"n": 3}}, "state": {}}
+    ev = Evaluator()
+    for op in ("==", "!=", "<", ">="):
+        cond = parse(f'rule r on finish detect : call.args.email {op} "" end')[0].detect[0]
+        assert not ev(cond, env), op
+        flipped = parse(f'rule r on finish detect : "" {op} state.nope.x end')[0].detect[0]
+        assert not ev(flipped, env), op
+    assert ev(parse("rule r on finish detect : call.args.n != 4 end")[0].detect[0], env)  # present: it holds

@@ -215,3 +215,17 @@ def test_the_runtime_never_imports_the_scenarios():
             "print([m for m in sys.modules if m.startswith('icml26.air.')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "envs" not in out and "experiment" not in out
+
+
+def test_guided_recovery_cap_counts_the_first_guidance_as_an_attempt():
+    """max_recovery_attempts=2: the guidance at the incident is attempt 1, the reminder at the end of the same
+    hook attempt 2; the next hook that finds the recovery still undone gives up (remediated False), by hand."""
+    scen, env = _shell()
+    air = IncidentResponder(parse(DELETE), DictState(env.view), recovery_mode="guided", max_recovery_attempts=2)
+    air.begin(scen.user_task)
+    _drive(air, env, scen.steps[:2])
+    inc = air.incidents[0]
+    assert (inc.remediated, inc.recovery_attempts) == (None, 2)
+    air.before_step()                                           # the agent ignored both: the cap is reached
+    assert (inc.remediated, inc.recovery_attempts) == (False, 2)
+    assert inc.events[-1]["stage"] == "verify" and inc.events[-1]["gave_up"] is True

@@ -155,6 +155,108 @@ def test_one_pass_branch_forward_equals_per_branch_forward(models):
     assert torch.allclose(br.weights.sum(-1), torch.ones(br.weights.shape[:2]))
 
 
+def test_propose_alternatives_by_hand():
+    """Alternatives to y_k come from the student's logits at k - 1 (its distribution of y_k), never the true token,
+    weighted by the student's probabilities renormalised over the alternatives; padded slots are marked invalid."""
+    logits = torch.full((2, 4, 6), -3.0, dtype=torch.float64)
+    # row 0: position 1 predicts y_2 (true 3, the student's favourite), position 2 predicts y_3 (true 1),
+    # position 3 comes after the last token (never used); row 1: position 2 predicts y_3 (true 2)
+    logits[0, 1] = torch.tensor([0.0, 1.0, 2.0, 5.0, 3.0, -1.0])
+    logits[0, 2] = torch.tensor([4.0, 9.0, 0.0, 1.0, 2.0, 2.5])
+    logits[0, 3] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 7.0])
+    logits[1, 2] = torch.tensor([1.0, 6.0, 2.0, 0.0, 4.0, 3.0])
+    labels = torch.tensor([[-100, -100, 3, 1], [-100, -100, -100, 2]])
+    br = propose_alternatives(logits, labels, 2)
+    assert br.positions[0].tolist() == [2, 3] and br.valid.tolist() == [[True, True], [True, False]]
+    assert br.positions[1, 0].item() == 3
+    assert br.tokens[0].tolist() == [[4, 2], [0, 5]]
+    assert br.tokens[1, 0].tolist() == [1, 4]
+    e = np.exp
+    expected = [
+        [e(3) / (e(3) + e(2)), e(2) / (e(3) + e(2))],
+        [e(4) / (e(4) + e(2.5)), e(2.5) / (e(4) + e(2.5))],
+    ]
+    # the proposals are made in float32
+    np.testing.assert_allclose(br.weights[0].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        br.weights[1, 0].numpy(), [e(6) / (e(6) + e(4)), e(4) / (e(6) + e(4))], rtol=1e-6
+    )
+    # an excluded id (the image placeholder) is never proposed
+    assert propose_alternatives(logits, labels, 2, exclude=(4,)).tokens[0, 0].tolist() == [2, 1]
+
+
+def _sharpened(model, factor=10.0):
+    """A copy whose language-model attention is sharp (q and k scaled): random-init attention is nearly uniform,
+    so positions and masks would barely change the outputs."""
+    import copy
+
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            layer.self_attn.q_proj.weight.mul_(factor)
+            layer.self_attn.k_proj.weight.mul_(factor)
+    return model
+
+
+@pytest.fixture(scope="module")
+def sharp_models(models):
+    tok, teacher, student, batch = models
+    return tok, _sharpened(teacher), _sharpened(student), batch
+
+
+def test_branch_logits_equal_one_forward_per_branch(sharp_models):
+    """Each branch token's logits in the one-pass forward equal the model run on ``y_<k, y~_kj`` alone (with the
+    row's image): the branch mask and the position ids (branch at position k) together."""
+    tok, _teacher, student, batch = sharp_models
+    with torch.no_grad():
+        plain = student(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        br = propose_alternatives(plain, batch["labels"], 2, exclude=(tok.convert_tokens_to_ids("<image>"),))
+        s_ext = student(**extend_with_branches(batch, br)).logits
+    t_len = batch["input_ids"].shape[1]
+    ours = branch_logits(s_ext, t_len, br)
+    checked = 0
+    with torch.no_grad():
+        for b in range(br.positions.shape[0]):
+            for r in range(br.positions.shape[1]):
+                if not br.valid[b, r]:
+                    continue
+                k = int(br.positions[b, r])
+                for j in range(br.tokens.shape[2]):
+                    ids = torch.cat([batch["input_ids"][b, :k], br.tokens[b, r, j : j + 1]])[None]
+                    pixels = batch["pixel_values"][b : b + 1]
+                    alone = student(input_ids=ids, pixel_values=pixels).logits[0, -1]
+                    torch.testing.assert_close(ours[b, r, j], alone, rtol=0, atol=1e-5)
+                    checked += 1
+    assert checked == 2 * int(br.valid.sum())
+
+
+@pytest.mark.parametrize("iva_layer", [0, 1])
+def test_align_ti_loss_terms_equal_the_plain_forwards_by_hand(sharp_models, iva_layer):
+    """The terms of the one-pass (branch-extended) loss against the plain forwards: SFT is the model's own
+    shifted cross-entropy (transformers' loss), KD the float64 reference on the next-token logits of the response,
+    IVA the float64 reference weighted by the teacher's attention at layer ``iva_layer`` (instruction rows = the
+    prompt after BOS, outside image and padding)."""
+    tok, teacher, student, batch = sharp_models
+    image = tok.convert_tokens_to_ids("<image>")
+    loss = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_num_alternatives=2)
+    out = loss(student, teacher, batch)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        sft = student(**batch).loss
+        s = student(**inputs).logits.double().numpy()
+        t_out = teacher(**inputs, output_attentions=True)
+    t = t_out.logits.double().numpy()
+    ids, labels, valid = batch["input_ids"], batch["labels"], batch["attention_mask"].bool()
+    assert float(out["sft"]) == pytest.approx(float(sft), rel=1e-5)
+    kd = reference.kd(s[:, :-1], t[:, :-1], (labels[:, 1:] != -100).numpy())
+    assert float(out["kd"]) == pytest.approx(kd, rel=1e-4)
+    visual = (ids == image) & valid
+    instruction = valid & (ids != image) & (labels == -100)
+    instruction[:, 0] = False  # BOS
+    w = reference.alpha(t_out.attentions[iva_layer].double().numpy(), visual.numpy(), instruction.numpy())
+    assert float(out["iva"]) == pytest.approx(reference.iva(s, t, w), rel=1e-4)
+
+
 def test_align_ti_loss_terms_and_gradient(models):
     tok, teacher, student, batch = models
     image = tok.convert_tokens_to_ids("<image>")

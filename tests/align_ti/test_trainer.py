@@ -47,6 +47,25 @@ def setup(tmp_path):
     return tok, scenes, teacher, student, data, args, loss
 
 
+def test_collator_pads_by_hand():
+    """Right padding: ids with the pad id, labels with -100 (padding is never a target), attention 0."""
+    tok = vlm_tokenizer()
+    pad = tok.pad_token_id
+    pix = torch.arange(12.0).view(3, 2, 2)
+    out = VLMCollator(tok)(
+        [
+            {"input_ids": [1, 7, 8], "labels": [-100, 8, 2], "pixel_values": pix},
+            {"input_ids": torch.tensor([1, 9]), "labels": torch.tensor([-100, 2]), "pixel_values": pix + 1},
+        ]
+    )
+    assert out["input_ids"].tolist() == [[1, 7, 8], [1, 9, pad]]
+    assert out["labels"].tolist() == [[-100, 8, 2], [-100, 2, -100]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert torch.equal(out["pixel_values"], torch.stack([pix, pix + 1]))
+    with pytest.raises(ValueError, match="empty"):
+        VLMCollator(tok)([])
+
+
 def test_trainer_loss_is_align_ti_and_the_student_learns(setup, tmp_path):
     tok, _scenes, teacher, student, data, args, loss = setup
     trainer = AlignTITrainer(

@@ -701,3 +701,39 @@ def test_every_unit_has_ids_that_name_its_clip_and_key():
     other = clip_ids(cfg.seed + 1, 2, 3, 2)
     for unit, ids in res.unit_ids.items():
         assert not set(ids) & set(other[unit])
+
+
+def test_each_stream_has_its_own_green_lists():
+    # two streams with the same map and key: the derived per-stream key must give them different green lists in
+    # every context (a shared key would make the levels' green counts identical, not independent)
+    wm = ClusteredKGW([np.arange(16)] * 2, context_width=1, key=11)
+    assert stream_key(11, 0) == 11 and stream_key(11, 1) != 11
+    for c in range(16):
+        assert not torch.equal(wm.green_clusters((c,), stream=0), wm.green_clusters((c,), stream=1)), c
+    # stream 1's lists are the one-stream watermark's under the derived key
+    one = ClusteredKGW(np.arange(16), context_width=1, key=stream_key(11, 1))
+    for c in range(16):
+        torch.testing.assert_close(wm.green_clusters((c,), stream=1), one.green_clusters((c,)))
+
+
+def test_green_lists_depend_on_the_key():
+    # the secret key must enter the seed: the same context under different keys gets different seeds, and (h = 0,
+    # one context) keys 5 and 6 get different green lists; a keyless hash gives every key the same lists
+    seeds = {keyed_seed((1, 2), k) for k in range(1000)}
+    assert len(seeds) == 1000
+    assert keyed_seed((), 5) != keyed_seed((), 6)
+    wm = ClusteredKGW(np.arange(16), context_width=0, key=5)
+    assert not torch.equal(wm.green_clusters(()), wm.green_clusters((), key=6))
+
+
+def test_z_and_binomial_p_by_hand_with_an_excess_of_green_units():
+    # 8 clusters of 5 tokens, 2 green (gamma_eff = 1/4): score all 10 green tokens and 10 red ones, each once, so
+    # n = 20 and n_g = 10; z = (10 - 5) / sqrt(20 * 1/4 * 3/4) = 5 / sqrt(3.75) = 2.5820, p = P[Bin(20, 1/4) >= 10]
+    wm = ClusteredKGW(np.arange(40) % 8, gamma=0.25, context_width=0)
+    green = wm.green_clusters(()).numpy()
+    tokens = np.array([t for t in range(40) if green[t % 8]] + [t for t in range(40) if not green[t % 8]][:10])
+    s = wm.score(tokens, dedup="none", null="binomial")
+    assert (s["n_scored"], s["n_green"]) == (20.0, 10.0)
+    assert s["z"] == pytest.approx(5 / math.sqrt(3.75), rel=1e-12)
+    assert s["z"] == pytest.approx(kgw_z(20, 10, 0.25), rel=1e-12)
+    assert s["p_value"] == pytest.approx(binomial_tail(20, 10, 0.25), rel=1e-9)

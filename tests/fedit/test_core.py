@@ -277,3 +277,18 @@ def test_single_client_is_the_ordinary_test():
     u, v = copula_transform(x), copula_transform(y)
     b = uniform_median_bandwidth(1)
     assert FederatedIndependenceTest().fit([(x, y)]).pvalue_ == pytest.approx(hsic_gamma_test(u, v, b, b, zscore=False))
+
+
+def test_private_null_sums_roots_of_the_gamma_nulls_plus_the_noise():
+    """Each client's null term is sqrt(G_k) + N(0, noise_var_k), G_k the gamma with its moments (mean 100, variance
+    200: shape 50, scale 2): E sqrt(G) = sqrt(2) Gamma(50.5) / Gamma(50), Var sqrt(G) = E G - (E sqrt(G))^2."""
+    from icml26.fedit.core import private_null_samples
+
+    stats = [ClientStatistics(50, 0.0, 100.0, 200.0), ClientStatistics(50, 0.0, 100.0, 200.0, noise_var=4.0)]
+    draws = 200_000
+    samples = private_null_samples(stats, draws, np.random.default_rng(0))
+    root_mean = math.sqrt(2.0) * math.exp(math.lgamma(50.5) - math.lgamma(50.0))
+    root_var = 100.0 - root_mean**2
+    var = 2 * root_var + 4.0
+    assert samples.mean() == pytest.approx(2 * root_mean, abs=5 * math.sqrt(var / draws))
+    assert samples.var() == pytest.approx(var, rel=0.02)

@@ -183,3 +183,22 @@ def test_accountant_composes_gaussian_releases_exactly():
     assert acc.delta(1.0) == pytest.approx(gaussian_delta(1.0, 1.0))
     with pytest.raises(ValueError, match="sigma > 0"):
         acc.compose(1.0, 0.0)
+
+
+def test_each_private_client_draws_its_keys_and_noise_from_its_own_seed():
+    """The released value is exactly sqrt(R_k) of the client's tie-broken ranks plus sigma z, all drawn from its own
+    seed (seed * 1_000_003 + client id): two clients with the same data release different, independent values."""
+    rng = np.random.default_rng(4)
+    x = np.round(rng.normal(size=40), 1)
+    y = x + np.round(rng.normal(size=40), 1)              # ties on purpose: the keys decide the ranks
+    clients = [(x[:, None], y[:, None]), (x[:, None], y[:, None])]
+    query = FedITQuery(copula=True, null="gamma", n_permutations=0, random_features=None, privacy=DP(1.0), seed=9)
+    _, log = run_in_process(query, clients, transcript=True)
+    sigma = gaussian_sigma(1.0, 1e-5, root_statistic_sensitivity(40, B1, B1))
+    released = log.replies[0]
+    for cid in (0, 1):
+        own = np.random.default_rng(9 * 1_000_003 + cid)
+        U, V = copula_transform(x, rng=own), copula_transform(y, rng=own)
+        expected = root_statistic(U, V, B1, B1) + own.normal(scale=sigma)
+        assert released[cid]["statistic"] == pytest.approx(expected, rel=1e-12)
+    assert released[0]["statistic"] != released[1]["statistic"]

@@ -291,3 +291,24 @@ def test_replay_report_is_what_verify_returns(activation):
                           "zero_sign_mismatch"):
                 assert torch.equal(getattr(r, field), getattr(rep, field)), field
             assert r.nonfinite == rep.nonfinite
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
+def test_slope_scaling_bounds_the_backward_pass_at_the_other_points(activation):
+    """Through MSE, phi'(g_q) = 2 (g_q - 1/2) = 2e10 at the point with value 1e10, while the target 1e36 of another
+    point has phi'(g_p) = 1. The scaling 2^k of that target must keep phi'(g_q) s / 2^k finite at q too: bounded with
+    phi'(g_p) alone (k = 0), q's flat units see 2e10 * 1e36 = inf in float32 and return inf x 0 = NaN."""
+    def mse(y):
+        return (y - 0.5) ** 2
+
+    pts = torch.tensor([-0.5, 0.0, 0.5], dtype=torch.float64)
+    vals = torch.tensor([1.0, 1e10, -2.0], dtype=torch.float32).double()
+    grads = torch.tensor([[1e36], [3.0], [-0.25]], dtype=torch.float32).double()
+    net = construct(pts, vals, grads, activation=activation, dtype=torch.float32, phi=mse)
+    assert net.unreachable == []
+    assert float(net.scale[0, 0]) > 1.0                                  # the big target needed its own 2^k
+    x = pts.float().requires_grad_(True)
+    out = net(x)
+    mse(out).sum().backward()
+    assert same_bits(out.detach(), vals.float())
+    assert same_bits(x.grad, grads[:, 0].float())

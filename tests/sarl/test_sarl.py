@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -595,3 +596,52 @@ def test_full_records_the_learning_curve_on_its_first_seed_and_quick_full_seeds_
     modes = get_paper("sarl").modes
     assert PRESETS["full"].curve_seed == modes["full"].seeds[0]
     assert not set(modes["quick"].seeds) & set(modes["full"].seeds)
+
+
+def _cpa_by_hand(px, wx, wy):
+    """Closed-form CPA of relative position (px, 0) NM and relative velocity (wx, wy) kt: tCPA = -p.w / |w|^2 (s),
+    dCPA = |p x w| / |w| (NM), valid when tCPA lies in [0, 180] s."""
+    t = -px * wx * 3600.0 / (wx**2 + wy**2)
+    d = abs(px * wy) / math.hypot(wx, wy)
+    return t, d
+
+
+def test_shield_severity_and_counts_by_hand():
+    """Head-on at 22 NM, 420 kt each: the severity sum (S + margin - dCPA) / (tCPA + 10 s) and the violation count
+    of every instruction of aircraft 0, from the closed-form CPA (S = 5 NM, margin 1 NM). Right 30 passes at
+    5.69 NM: a violation only because of the margin."""
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0)
+    _two(core, (0.0, 0.0), 90.0, (22.0, 0.0), 270.0)
+    sev, count = KinematicSafetyShield(core).severity()
+    for action, turn in ((0, 0.0), (1, -15.0), (2, 15.0), (3, -30.0), (4, 30.0)):
+        h = math.radians(90.0 + turn)
+        t, d = _cpa_by_hand(22.0, -420.0 - 420.0 * math.sin(h), -420.0 * math.cos(h))  # v_j - v_i
+        assert 0.0 <= t <= 180.0 and d < 6.0, action
+        assert count[0, 0, action] == 1, action
+        assert sev[0, 0, action] == pytest.approx((6.0 - d) / (t + 10.0), rel=1e-9), action
+    h30 = math.radians(120.0)
+    d30 = _cpa_by_hand(22.0, -420.0 - 420.0 * math.sin(h30), -420.0 * math.cos(h30))[1]
+    assert 5.0 < d30 < 6.0
+    assert sev[0, 0, 0] == pytest.approx(6.0 / (22.0 * 3600.0 / 840.0 + 10.0), rel=1e-9)  # dCPA 0 at 94.3 s
+    # the safe set is the pair of 30-degree turns (least severe), and the filter turns right
+    mask = KinematicSafetyShield(core).safe_mask()
+    assert mask[0, 0].tolist() == [False, False, False, True, True, False, False, False]
+    assert KinematicSafetyShield(core).filter(np.zeros((1, 2), int))[0][0, 0] == 4
+
+
+def test_step_reward_by_hand():
+    """One decision of two aircraft 50 NM apart on parallel tracks (no conflict): the reward is the drift penalty
+    -0.05 |bearing to exit - heading| / 180 and -0.02 per issued and per changed instruction, computed from the
+    positions after 15 s flown by hand (aircraft 1 slows 420 -> 405 kt at 1 kt/s)."""
+    core = AirspaceCore(n_envs=1, n_aircraft=2, seed=0, max_steps=100)
+    _two(core, (0.0, 0.0), 90.0, (0.0, 50.0), 90.0)
+    core.exit_x[0, 0], core.exit_y[0, 0] = 40.0, 20.0  # exit left of the track
+    core.exit_x[0, 1], core.exit_y[0, 1] = 40.0, 30.0  # exit right of the track
+    reward = core.step(np.array([[0, 5]]))[0]  # aircraft 0 maintains, aircraft 1 slows down
+    x0 = 15.0 * 420.0 / 3600.0
+    x1 = 5.0 * (415.0 + 410.0 + 405.0) / 3600.0
+    assert core.x[0, 0] == pytest.approx(x0) and core.x[0, 1] == pytest.approx(x1)
+    drift0 = abs(math.degrees(math.atan2(40.0 - x0, 20.0)) - 90.0) / 180.0
+    drift1 = abs(math.degrees(math.atan2(40.0 - x1, 30.0 - 50.0)) - 90.0) / 180.0
+    assert reward[0, 0] == pytest.approx(-0.05 * drift0, rel=1e-5)
+    assert reward[0, 1] == pytest.approx(-0.05 * drift1 - 0.04, rel=1e-5)

@@ -116,3 +116,24 @@ def test_quick_reproduces_the_committed_results(tmp_path):
     # one seed-to-seed standard deviation); code counts and restarts, which move in whole codes, within 10 % + 5.
     counts = {f"{arm}.{m}": 5.0 for arm in data["arms"] for m in ("used_codes", "codebook_size", "restarts")}
     assert_matches_committed(data, atol=0.0, rtol=0.1, metrics=counts)
+
+
+def test_restart_threshold_is_a_fraction_of_the_tokens_per_code():
+    # 0.1 of the average assignments per code: 64 patches x 16 token positions / 256 codes = 4 tokens per code
+    cfg = PRESETS["quick"]
+    assert make_quantizer("simvq_restart", cfg).dead_code_threshold == pytest.approx(0.1 * 64 * 16 / 256)
+    assert make_quantizer("simvq_cr_restart", cfg).quantizer.dead_code_threshold == pytest.approx(0.4)
+    assert make_quantizer("simvq", cfg).dead_code_threshold == 0.0
+
+
+def test_one_training_step_moves_the_simvq_projection_by_the_learning_rate():
+    """Adam's first step moves a parameter by lr * g / (|g| + 1e-8), i.e. by lr wherever the gradient is not tiny.
+    The projection is reached only through the quantiser's loss (commitment + lambda * penalty; the straight-through
+    reconstruction gradient goes to the encoder), so every one of its weights must move by lr (within 2 %: a few
+    small gradients), not stay at its initialisation."""
+    X = torch.from_numpy(patches(seed=0, n_train=64, n_test=1)[0])
+    cfg = dataclasses.replace(TINY, steps=1)
+    torch.manual_seed(cfg.seed)  # train_vqvae's initialisation
+    init = ConvVQVAE(make_quantizer("simvq_cr", cfg), cfg).quantizer.quantizer.projection.weight.detach().clone()
+    trained = train_vqvae("simvq_cr", cfg, X).quantizer.quantizer.projection.weight.detach()
+    torch.testing.assert_close((trained - init).abs(), torch.full_like(init, cfg.lr), rtol=0.02, atol=0.0)

@@ -232,3 +232,44 @@ def test_dead_code_rule_matches_vector_quantize_pytorch():
         ours(z)
         torch.testing.assert_close(ours.cluster_size, theirs._codebook.cluster_size[0])
     torch.testing.assert_close(ours.effective_codebook().detach(), theirs._codebook.embed.detach()[0])
+
+
+def test_restart_inverts_a_non_symmetric_projection():
+    """f = W^+ (z - b) as a row: (z - b) @ (W^+)^T. With a symmetric W (as above) W^+ and its transpose agree; with
+    this upper-triangular W they do not, and W f + b must still be the batch vector exactly."""
+    torch.manual_seed(0)
+    q = SimVQQuantizer(4, 3, dead_code_threshold=0.5)
+    W = torch.tensor([[2.0, 1.0, 0.0], [0.0, 1.0, 3.0], [0.0, 0.0, 0.5]])
+    b = torch.tensor([0.1, -0.2, 0.3])
+    with torch.no_grad():
+        q.frozen.copy_(torch.tensor([[0.0, 0, 0], [10, 0, 0], [0, 10, 0], [0, 0, 10]]))
+        q.projection.weight.copy_(W)
+        q.projection.bias.copy_(b)
+    z = torch.full((4, 3), -0.4)  # nearest to code 0 (W 0 + b = b): codes 1-3 restart on the 4th batch
+    for _ in range(3):
+        q(z)
+    z = torch.tensor([[-0.4, -0.4, -0.4], [0.3, 0.7, -0.1], [0.2, -0.4, 0.9], [-0.5, 0.1, 0.4]])
+    q(z)
+    assert q.restarts == 3
+    for k in (1, 2, 3):
+        f = q.frozen[k]
+        code = W @ f + b                        # the effective code, by hand
+        assert torch.cdist(code[None], z).min() < 1e-5
+        torch.testing.assert_close(q.effective_codebook().detach()[k], code)
+
+
+def test_legacy_commitment_loss_by_hand():
+    """loss = mean((sg(q) - z)^2) + beta mean((q - sg(z))^2): the encoder term has weight 1, the codebook term beta,
+    so d loss / d z = 2 (z - q) / numel and d loss / d code_k = beta * 2 * sum_{i -> k} (q_i - z_i) / numel."""
+    vq = VectorQuantizer(codebook_size=2, dim=2, beta=0.25)
+    with torch.no_grad():
+        vq.embed.copy_(torch.tensor([[0.0, 0.0], [4.0, 4.0]]))
+    z = torch.tensor([[1.0, 0.0], [3.0, 5.0], [0.0, -1.0]], requires_grad=True)
+    _, idx, loss = vq(z)
+    assert idx.tolist() == [0, 1, 0]
+    # squared errors 1, 2, 1 over 6 entries: (1 + 0.25) * 4 / 6
+    assert loss.item() == pytest.approx(1.25 * 4 / 6)
+    loss.backward()
+    q = torch.tensor([[0.0, 0.0], [4.0, 4.0], [0.0, 0.0]])
+    torch.testing.assert_close(z.grad, 2 * (z.detach() - q) / 6)
+    torch.testing.assert_close(vq.embed.grad, 0.25 * 2 * torch.tensor([[-1.0, 1.0], [1.0, -1.0]]) / 6)
