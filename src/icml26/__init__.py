@@ -17,6 +17,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# A paper imported without its extra names the extra to install (common.optional's finder, last on meta_path).
+from .common.optional import install_import_hints
+
+install_import_hints()
+
 # Sub-packages reachable as attributes; each is imported only when first touched.
 _SUBMODULES = frozenset(
     {
