@@ -78,9 +78,11 @@ def test_branch_and_cut_runs_from_the_wheel_without_torch(built, tmp_path):
          env={"ICML26_PROGRESS": "0"})
     assert (out / "branch_and_cut" / "smoke.json").is_file()
     # a paper that needs torch, imported without it: the error names its extra (issue #45 item 8)
-    proc = subprocess.run([str(py), "-c", "import icml26.spard"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "No module named 'torch'" in proc.stderr
-    assert 'pip install "icml26[spard]"' in proc.stderr and "MissingExtraModuleError" in proc.stderr
+    for slug in ("shampoo", "vq_rank"):  # both import torch with the package
+        proc = subprocess.run([str(py), "-c", f"import icml26.{slug}"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "No module named 'torch'" in proc.stderr, slug
+        assert f'pip install "icml26[{paper_extra(slug)}]"' in proc.stderr, proc.stderr[-2000:]
+        assert "MissingExtraModuleError" in proc.stderr
 
 
 @pytest.mark.slow
