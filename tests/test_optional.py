@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import subprocess
 import sys
@@ -65,11 +66,28 @@ def _probe_from_icml26():
     return namespace["result"]
 
 
-def test_the_finder_is_installed_once_and_last():
+def test_the_finder_is_installed_once_and_yields_to_finders_added_after_it(monkeypatch):
     install_import_hints()
     install_import_hints()
-    kinds = [type(f).__name__ for f in sys.meta_path]
-    assert kinds.count("_ImportHintFinder") == 1 and kinds[-1] == "_ImportHintFinder"
+    assert [type(f).__name__ for f in sys.meta_path].count("_ImportHintFinder") == 1
+
+    class Empty(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            module.answer = 42
+
+    class Alias:  # a library's finder appended later (e.g. legacy module aliases) still answers
+        def find_spec(self, fullname, path=None, target=None):
+            return importlib.util.spec_from_loader(fullname, Empty()) if fullname == MISSING else None
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Alias()])
+    monkeypatch.delitem(sys.modules, MISSING, raising=False)
+    namespace = {"__name__": "icml26.spard.experiment"}
+    exec(f"import {MISSING} as found", namespace)  # an icml26 import statement: the later finder's module
+    assert namespace["found"].answer == 42
+    monkeypatch.delitem(sys.modules, MISSING)
 
 
 def test_a_fresh_interpreter_gets_the_hint_from_a_plain_import_of_icml26():

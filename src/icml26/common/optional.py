@@ -92,8 +92,9 @@ _NOT_PAPERS = frozenset({"common", "cli", "registry", "runner", "report", "histo
 
 
 class _ImportHintFinder(importlib.abc.MetaPathFinder):
-    """Last on ``sys.meta_path``: asked only about a module no other finder found. When an icml26 module's own
-    ``import`` statement names a missing top-level package, the error names the paper's extra."""
+    """Last on ``sys.meta_path`` when installed: asked only about a module no earlier finder found (finders that
+    libraries append later are asked first). When an icml26 module's own ``import`` statement names a missing
+    top-level package, the error names the paper's extra."""
 
     def find_spec(self, fullname, path=None, target=None):
         if path is not None or fullname == "icml26":
@@ -101,6 +102,11 @@ class _ImportHintFinder(importlib.abc.MetaPathFinder):
         slug = _importer_paper()
         if slug is None:
             return None
+        later = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+        for finder in later:  # finders added after this one (a library's aliases) answer first
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                return spec
         if slug:
             extra = slug.replace("_", "-")  # registry.paper_extra, without importing the registry here
             how = f"icml26.{slug} needs it; install the paper's extra: {install_hint(extra)} (from a clone: " \
