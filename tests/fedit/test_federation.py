@@ -3,6 +3,8 @@ agree (the Flower App on the simulation engine through a local SuperLink and ``f
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -65,9 +67,15 @@ class Faulty(FederatedAlgorithm):
         return state + sum(r["value"] for r in replies.values())
 
 
-def test_policy_skips_and_records_a_client_that_raises():
-    result, log = run_in_process(Faulty({1: [2], 3: [0, 3]}), [0, 1, 2, 3], transcript=True,
-                                 policy=FailurePolicy(min_replies=2))
+def test_policy_skips_and_records_a_client_that_raises(caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        result, log = run_in_process(Faulty({1: [2], 3: [0, 3]}), [0, 1, 2, 3], transcript=True,
+                                     policy=FailurePolicy(min_replies=2))
+    # the server log names each dropped client in the round it was dropped (issue #45 item 8)
+    assert [r.getMessage() for r in caplog.records] == [
+        "round 1: client 2 raised ValueError: client 2 is down; aggregating the 3 of 4 answers",
+        "round 3: client 0 raised ValueError: client 0 is down; client 3 raised ValueError: client 3 is down; "
+        "aggregating the 2 of 4 answers"]
     assert result == (0 + 1 + 3) + (0 + 1 + 2 + 3) + (1 + 2)
     assert log.failures == [{2: "raised ValueError: client 2 is down"}, {},
                             {0: "raised ValueError: client 0 is down", 3: "raised ValueError: client 3 is down"}]

@@ -213,9 +213,12 @@ class FailurePolicy:
         """
         log.failures.append(dict(sorted(failures.items())))
         needed = self.needed(n_clients)
-        if len(replies) >= needed:
-            return True
         why = [f"client {cid} {reason}" for cid, reason in sorted(failures.items())] + log.lost_nodes
+        if len(replies) >= needed:
+            if failures:  # the server log names every dropped client, also when the round goes on without it
+                logging.getLogger("flwr").warning("round %d: %s; aggregating the %d of %d answers", rnd,
+                                                  "; ".join(why), len(replies), n_clients)
+            return True
         message = (f"round {rnd}: {len(replies)} of {n_clients} clients answered, fewer than the {needed} "
                    "needed (min_replies)" + ("; " + "; ".join(why) if why else ""))
         if self.on_short_round == "skip":
