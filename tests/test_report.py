@@ -302,3 +302,20 @@ def test_power_takes_the_seed_spread_from_full_when_quick_has_one_run():
     # the full runs' spread (0.18 sd between run means) dominates the units' own noise
     assert both["full_detectable"] > 5 * alone["full_detectable"]
     assert power_statement(paper, full, None)["seed_spread_from"] == "quick"
+
+
+def test_a_result_of_older_rules_is_marked_only_where_the_current_rules_decide_differently():
+    from icml26.common.claims import RULES
+    from icml26.report import current_rules_agree, rules_note
+
+    data = json.loads((ROOT / "results" / "branch_and_cut" / "quick.json").read_text())
+    assert rules_note({**data, "rules": RULES}) == ""
+    old = {**data, "rules": RULES - 1}
+    assert current_rules_agree(old) and rules_note(old) == f"verdicts v{RULES - 1}; v{RULES} decides the same"
+    claims = [dict(c) for c in data["claims"]]
+    claims[0]["verdict"] = next(v for v in ("holds", "fails") if v != claims[0]["verdict"])
+    moved = {**old, "claims": claims}
+    assert not current_rules_agree(moved)
+    assert rules_note(moved) == f"verdicts v{RULES - 1}, to be regenerated: v{RULES} decides differently"
+    claims[0] = {**data["claims"][0], "interval": [x + 0.5 for x in data["claims"][0]["interval"]]}
+    assert not current_rules_agree({**old, "claims": claims})
