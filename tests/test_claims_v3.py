@@ -11,6 +11,7 @@ Beta-distributed (skewed) seed-level rates, whose known limit is stated below.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -155,6 +156,16 @@ def test_effective_units_by_hand():
     k = x.sum() * n_eff / 240.0
     assert f"Clopper-Pearson on {n_eff:g} " in out5.test and f"({k:g} of {n_eff:g})" in out5.test
     assert f"Clopper-Pearson on {40.0 / max(deff, 1.0):g} " in out4.test
+    # runs that differ much more than their binomial noise: n_total / deff falls below the 40 distinct units
+    shifts = (-0.35, 0.3, -0.2, 0.35, 0.0, -0.3)
+    runs = [(rng.random(40) < np.clip(q + s, 0, 1)).astype(float) for s in shifts]
+    out5 = parse_check("a.x >= 0.3 over units").evaluate(arms(a__x=runs), unit_ids=ids, rules=5)
+    deff = out5.design["design_effect"]
+    assert 240.0 / deff < 40.0
+    found = re.search(r"Clopper-Pearson on ([\d.]+) effective distinct units \(design effect ([\d.]+)\)", out5.test)
+    assert found is not None, out5.test
+    assert float(found.group(1)) == pytest.approx(240.0 / deff, rel=1e-4)  # min(40, 240 / deff)
+    assert float(found.group(2)) == pytest.approx(deff * 40 / 240, rel=1e-2)  # the deff on the distinct units
 
 
 @pytest.mark.slow

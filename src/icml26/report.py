@@ -344,7 +344,7 @@ def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | No
         pending = ", ".join(f"{k} {v}" for k, v in head["preconditions"].items() if v != "holds")
         cell = f"not decidable in this world ({pending}); measured: {cell}"
     if data["rules"] < RULES and not current_rules_agree(data):
-        cell += f" ({rules_note(data)})"
+        cell += f" (verdicts v{data['rules']}, to be regenerated)"
     return cell
 
 

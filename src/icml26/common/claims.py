@@ -644,7 +644,9 @@ def _exact_distinct(runs: list[_Run], scale: float, comparative: bool,
                     design_effect: float = 1.0) -> tuple[float, float, str]:
     """Exact bounds on the distinct units: Clopper-Pearson (a rate) or Agresti-Min (paired), the counts over
     all runs scaled to the number of distinct units (units shared by runs count once) and divided by the
-    ``design_effect`` (>= 1): the effective number of distinct units."""
+    ``design_effect`` (>= 1): the effective number of distinct units. The design effect here (and in the test's
+    text) is relative to the distinct units; the result's ``design["design_effect"]`` is relative to all
+    ``n_total`` pooled units, so the two differ by ``n_total / n_distinct`` when runs share units."""
     from scipy import stats
 
     units = "distinct units" if design_effect == 1.0 else f"effective distinct units (design effect {design_effect:.3g})"

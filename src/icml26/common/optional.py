@@ -108,7 +108,9 @@ class _ImportHintFinder(importlib.abc.MetaPathFinder):
             if spec is not None:
                 return spec
         if slug:
-            extra = slug.replace("_", "-")  # registry.paper_extra, without importing the registry here
+            from ..registry import paper_extra  # only on the error path: the registry reads the cards
+
+            extra = paper_extra(slug)
             how = f"icml26.{slug} needs it; install the paper's extra: {install_hint(extra)} (from a clone: " \
                   f'pip install -e ".[{extra}]")'
         else:
