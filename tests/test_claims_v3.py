@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from icml26.common.claims import clopper_pearson, parse_check
+from icml26.common.claims import CheckSyntaxError, clopper_pearson, components, parse_check
 
 #: the project's designs (runs x units per run) and the seed-level spread of the effect, in unit sds
 DESIGNS = ((3, 48), (3, 60), (5, 60), (3, 600))
@@ -290,3 +290,76 @@ def test_constant_runs_without_ids_are_not_merged():
     same = parse_check("m.ok >= 0.9 over points").evaluate(arms("points", m__ok=ones),
                                                            unit_ids={"points": [[f"p{i}" for i in range(60)]] * 3})
     assert same.design["clusters"] == 1 and same.design["distinct_units"] == 60
+
+
+# -- retrained runs ------------------------------------------------------------------------------------------
+def _saturated(n_seeds=25, n_units=60):
+    """spard's full precondition: plain SFT's attack succeeds on every test prompt in all runs but one."""
+    runs = [np.ones(n_units) for _ in range(n_seeds)]
+    runs[7][:3] = 0.0
+    data = arms("prompts", sft__asr=runs)
+    # each run is retrained: its utility on the seed's own test additions differs
+    data["sft"]["utility"] = {"values": [0.9 + 0.001 * g for g in range(n_seeds)]}
+    ids = {"prompts": [[f"p{i}" for i in range(n_units)]] * n_seeds}
+    return data, ids
+
+
+def test_retrained_runs_that_come_out_alike_are_kept():
+    data, ids = _saturated()
+    plain = parse_check("sft.asr >= 0.8 over prompts").evaluate(data, unit_ids=ids)
+    assert plain.design["clusters"] == 2 and plain.verdict == "inconclusive"  # a t over 2 "runs"
+    check = parse_check("sft.asr >= 0.8 over prompts in retrained runs")
+    assert check.retrained and check.text == "sft.asr >= 0.8 over prompts in retrained runs"
+    out = check.evaluate(data, unit_ids=ids)
+    assert out.design["clusters"] == 25 and out.verdict == "holds"
+    assert out.estimate == pytest.approx(1 - 3 / 1500)
+    assert "retrained runs: identical seeds kept" in out.units
+    # never narrower than the exact interval on the 60 distinct prompts the runs share
+    assert out.interval[0] <= clopper_pearson(60, 60)[0]
+    assert components(check, data, ids).runs == 25 and components(parse_check(
+        "sft.asr >= 0.8 over prompts"), data, ids).runs == 2
+
+
+def test_collapsing_retrained_runs_biases_a_paired_estimate():
+    """spard's polyak_mode: runs where the defence changed nothing are outcomes; dropping their copies made
+    the effect look larger than the runs' mean."""
+    rng = np.random.default_rng(8)
+    base = [np.ones(60) for _ in range(6)]
+    method = [np.ones(60) for _ in range(3)] + [(rng.random(60) < 0.5).astype(float) for _ in range(3)]
+    data = arms("prompts", m__asr=method, b__asr=base)
+    for arm in ("m", "b"):
+        data[arm]["utility"] = {"values": list(rng.random(6))}
+    ids = {"prompts": [[f"p{i}" for i in range(60)]] * 6}
+    kept = parse_check("m.asr - b.asr <= -0.2 over prompts in retrained runs").evaluate(data, unit_ids=ids)
+    dropped = parse_check("m.asr - b.asr <= -0.2 over prompts").evaluate(data, unit_ids=ids)
+    truth = float(np.mean([(m - b).mean() for m, b in zip(method, base, strict=True)]))
+    assert kept.estimate == pytest.approx(truth) and dropped.estimate < truth - 0.1
+    assert kept.design["clusters"] == 6 and dropped.design["clusters"] == 4
+
+
+def test_retrained_needs_evidence_that_the_seed_changes_the_arm():
+    """Every metric of the arm the same on every seed: one computation, whatever the card says."""
+    data, ids = _saturated()
+    data["sft"]["asr"] = arms("prompts", sft__asr=[np.ones(60)] * 25)["sft"]["asr"]
+    data["sft"]["utility"] = {"values": [0.9] * 25}
+    data["sft"]["train_s"] = {"values": [float(g) for g in range(25)]}  # wall clock is no evidence
+    check = parse_check("sft.asr >= 0.8 over prompts in retrained runs")
+    out = check.evaluate(data, unit_ids=ids)
+    assert out.design["clusters"] == 1
+    assert "declared retrained, but no metric of sft differs between seeds: identical seeds counted once" in out.test
+    data["sft"]["utility"] = {"values": [math.nan] * 25}  # NaN on every seed does not differ either
+    assert check.evaluate(data, unit_ids=ids).design["clusters"] == 1
+    data["sft"]["utility"] = {"values": [math.nan] * 24 + [0.5]}
+    assert check.evaluate(data, unit_ids=ids).design["clusters"] == 25
+
+
+def test_retrained_clause_grammar():
+    c = parse_check("a.x - b.x >= 0.1   over prompts  in   retrained runs by t")
+    assert c.retrained and c.procedure == "t" and c.pairing == "prompts"
+    assert not parse_check("a.x >= 0.1 over prompts").retrained
+    with pytest.raises(CheckSyntaxError, match="not 'over seeds'"):
+        parse_check("a.x >= 0.1 over seeds in retrained runs")
+    for bad in ("a.x >= 0.1 exactly in retrained runs", "a.x >= 0.1 over prompts in retrained",
+                "a.x >= 0.1 over prompts retrained runs"):
+        with pytest.raises(CheckSyntaxError):
+            parse_check(bad)

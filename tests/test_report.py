@@ -319,3 +319,13 @@ def test_a_result_of_older_rules_is_marked_only_where_the_current_rules_decide_d
     assert rules_note(moved) == f"verdicts v{RULES - 1}, to be regenerated: v{RULES} decides differently"
     claims[0] = {**data["claims"][0], "interval": [x + 0.5 for x in data["claims"][0]["interval"]]}
     assert not current_rules_agree({**old, "claims": claims})
+
+
+def test_card_history_sees_a_retrained_declaration():
+    """Declaring a check's runs retrained can move its verdict: the history lists it as a change of units."""
+    from icml26.history import _decision
+
+    plain = _decision({"check": "sft.asr >= 0.8 over prompts"})
+    kept = _decision({"check": "sft.asr >= 0.8 over prompts in retrained runs"})
+    assert plain["units"] == "prompts" and kept["units"] == "prompts in retrained runs"
+    assert {k for k in plain if plain[k] != kept[k]} == {"units"}

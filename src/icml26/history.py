@@ -124,7 +124,7 @@ def _decision(claim: Mapping[str, Any]) -> dict[str, str]:
         c = parse_check(check)
         threshold, comparison = f"{c.threshold:g}", c.op
         test = c.procedure or "default"
-        units = "exactly" if c.deterministic else c.pairing
+        units = "exactly" if c.deterministic else c.pairing + (" in retrained runs" if c.retrained else "")
         quantity = c.quantity_name
     except ValueError:
         m = _CHECK_PARTS.search(check)

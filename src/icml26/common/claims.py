@@ -15,7 +15,7 @@ Grammar (whitespace-separated; no code is ever evaluated)::
     ref     := ARM "." METRIC                          # names: letters, digits, "_"
     OP      := ">=" | "<=" | ">" | "<"                 # "|a - b|" takes "<=" or "<" only
     pairing := "over seeds"                            # one paired value per seed
-             | "over" UNIT                             # per-unit values the experiment recorded (prompts, ...)
+             | "over" UNIT [ "in retrained runs" ]    # per-unit values the experiment recorded (prompts, ...)
              | "exactly"                               # deterministic arms: every seed gave the same value
     PROCEDURE := "t" | "bootstrap" | "binomial"
 
@@ -27,7 +27,16 @@ they are not independent of each other. Before any interval,
 
 1. units with the same id within a seed (the result's ``unit_ids``) are one unit: their mean;
 2. seeds whose ids and values are identical for every ref are one run (a deterministic arm gives the same
-   units on every seed; they are counted once, never pooled as copies);
+   units on every seed; they are counted once, never pooled as copies). A check written ``over UNIT in
+   retrained runs`` declares that every arm it names is trained afresh on each seed: identical seeds are then
+   separate runs that came out alike (an attack that succeeds on every prompt in most runs), not copies of one
+   computation, and are kept. The declaration needs evidence in the result: each arm of the check must have a
+   metric (wall-clock ``*_s`` metrics aside) that differs between seeds; without it the seeds are counted once
+   and the test says why. (Added after verdicts v5 with no change to the rules of checks without the clause:
+   collapsing a saturated retrained arm left spard's full precondition on two "runs" out of 25, a t with under
+   two degrees of freedom, where its three-seed quick run decided it. The evidence test cannot tell an arm
+   retrained per seed from a fixed model evaluated on per-seed data; the card's declaration and its history are
+   the record.)
 3. with one distinct run left, the interval is the unit-level one below, *within that run*; with ``G >= 2``
    runs it is the t interval over the ``G`` run means (``G - 1`` degrees of freedom: the run is the cluster).
    When the runs share units (the same ids in several runs: a fixed test set, models retrained per seed) the
@@ -120,7 +129,7 @@ _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _CHECK_RE = re.compile(
     r"^\s*(?P<abs>\|)?\s*" + _REF.format(g="l") + r"\s*(?:(?P<combine>[-/])\s*" + _REF.format(g="r") + r")?"
     r"\s*(?P<abs2>\|)?\s*(?P<op>>=|<=|>|<)\s*(?P<threshold>" + _NUMBER + r")"
-    r"\s+(?:(?P<exactly>exactly)|over\s+(?P<unit>" + _NAME + r"))"
+    r"\s+(?:(?P<exactly>exactly)|over\s+(?P<unit>" + _NAME + r")(?P<retrained>\s+in\s+retrained\s+runs)?)"
     r"(?:\s+by\s+(?P<procedure>" + _NAME + r"))?\s*$"
 )
 
@@ -190,6 +199,7 @@ class Check:
     threshold: float
     pairing: str         # "seeds", a unit name, or "exactly"
     procedure: str | None = None
+    retrained: bool = False  # "over UNIT in retrained runs": identical seeds are outcomes, not copies
 
     @property
     def refs(self) -> tuple[Ref, ...]:
@@ -389,9 +399,11 @@ def _unit_ids_for(check: Check, series: list[list[list[float]]],
     return out
 
 
-def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None) -> tuple[list[_Run], int]:
+def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None,
+                   keep_identical: bool = False) -> tuple[list[_Run], int]:
     """Merge units with the same id within a seed (their mean is the unit), then keep one copy of runs whose
-    ids and values are identical. Returns the distinct runs and the number of merged duplicate units."""
+    ids and values are identical (every run with ``keep_identical``: retrained runs that came out alike).
+    Returns the distinct runs and the number of merged duplicate units."""
     runs: list[_Run] = []
     seen: set[tuple[Any, ...]] = set()
     merged = 0
@@ -413,11 +425,50 @@ def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None)
         # without ids, constant values (all 0, all 1) repeat by chance in fresh draws: only ids can say they
         # are the same units; non-constant vectors that repeat exactly are copies
         constant = all(len(set(v.tolist())) <= 1 for v in values)
-        if key in seen and (ids is not None or not constant):
+        if key in seen and (ids is not None or not constant) and not keep_identical:
             continue
         seen.add(key)
         runs.append(_Run(tuple(order), tuple(values)))
     return runs, merged
+
+
+def _unvarying_arms(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """The arms of a ``retrained`` check with no metric (wall-clock ``*_s`` aside) that differs between seeds:
+    no evidence that the seed changes them."""
+    out = []
+    for arm in dict.fromkeys(r.arm for r in check.refs):
+        varies = False
+        for name, stat in arms[arm].items():
+            if name.endswith("_s") or not isinstance(stat, Mapping):
+                continue
+            per_seed = stat.get("unit_values", stat.get("values"))
+            if isinstance(per_seed, list) and len(per_seed) > 1 and any(
+                    not _same_values(v, per_seed[0]) for v in per_seed[1:]):
+                varies = True
+                break
+        if not varies:
+            out.append(arm)
+    return out
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether two seeds' records of a metric are equal (NaN equal to NaN; non-numbers by ``==``)."""
+    try:
+        x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    except (TypeError, ValueError):
+        return a == b
+    return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=True))
+
+
+def _keep_identical(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[bool, str]:
+    """Whether identical seeds stay separate runs (``in retrained runs`` with evidence), and a note for the test."""
+    if not check.retrained:
+        return False, ""
+    still = _unvarying_arms(check, arms)
+    if still:
+        return False, (f"; declared retrained, but no metric of {', '.join(still)} differs between seeds: "
+                       "identical seeds counted once")
+    return True, ""
 
 
 def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]],
@@ -453,7 +504,8 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
                        {"clusters": n_seeds, "distinct_units": n_seeds, "design_effect": 1.0,
                         "within_duplicates": 0})
     ids = _unit_ids_for(check, series, unit_ids)
-    runs, merged = _distinct_runs(series, ids)
+    keep, keep_note = _keep_identical(check, arms)
+    runs, merged = _distinct_runs(series, ids, keep)
     binary = all(set(np.unique(v).tolist()) <= {0.0, 1.0} for r in runs for v in r.values)
     procedure = check.procedure or ("binomial" if binary and check.combine != "/" else "t")
     if procedure == "binomial" and not binary:
@@ -464,7 +516,8 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
     n_total = int(sum(len(d) for d in paired))
     distinct = len({u for r in runs for u in r.ids}) if ids is not None else n_total
     crossed = ids is not None and distinct < n_total
-    desc = _v3_desc(check, series, runs, distinct, merged, ids is not None, crossed)
+    kept = keep and len(_distinct_runs(series, ids)[0]) < len(runs)
+    desc = _v3_desc(check, series, runs, distinct, merged, ids is not None, crossed, kept)
     g = len(runs)
     if n_total < 2:
         return _with_design(check._inconclusive("one paired unit gives no interval", desc, series),
@@ -528,6 +581,7 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
             elo, ehi, label = _exact_distinct(runs, distinct / n_total, check.comparative, deff_floor)
             lo, hi = min(lo, elo), max(hi, ehi)
             test += f"; no narrower than {label}"
+    test += keep_note
     if procedure == "binomial":  # a t interval can leave the outcomes' range
         floor = -1.0 if check.comparative else 0.0
         lo, hi = min(max(lo, floor), 1.0), min(max(hi, floor), 1.0)
@@ -596,7 +650,7 @@ def components(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]
         x = np.array([check._pair(series, g)[0] for g in range(len(series[0]))])
         return Components(0.0, float(x.var(ddof=1)) if len(x) > 1 else 0.0, len(x), 1.0, False)
     ids = _unit_ids_for(check, series, unit_ids)
-    runs, _ = _distinct_runs(series, ids)
+    runs, _ = _distinct_runs(series, ids, _keep_identical(check, arms)[0])
     paired = check._pair_runs(runs)
     sizes = [len(d) for d in paired]
     within = float(np.mean([d.var(ddof=1) for d in paired if len(d) > 1])) if max(sizes) > 1 else 0.0
@@ -624,13 +678,15 @@ def _with_design(out: Outcome, clusters: int, distinct: int | None, deff: float 
 
 
 def _v3_desc(check: Check, series: list[list[list[float]]], runs: list[_Run], distinct: int, merged: int,
-             has_ids: bool, crossed: bool) -> str:
+             has_ids: bool, crossed: bool, kept: bool = False) -> str:
     n_seeds = len(series[0])
     sizes = [len(s) for s in series[0]]
     per = f"{sizes[0]} per seed" if len(set(sizes)) == 1 else "/".join(map(str, sizes)) + " per seed"
     parts = [f"{distinct} distinct {check.pairing} in {len(runs)} run(s) ({per} x {n_seeds} seed(s)"]
     if len(runs) < n_seeds:
         parts.append(f"; {n_seeds - len(runs) + 1} identical seeds counted once")
+    if kept:
+        parts.append("; retrained runs: identical seeds kept")
     if merged:
         parts.append(f"; {merged} repeated within a seed, merged")
     if crossed:
@@ -814,10 +870,13 @@ def parse_check(text: str) -> Check:
         raise CheckSyntaxError(f"check {text!r}: procedure {procedure!r} is not one of {list(PROCEDURES)}")
     if m["exactly"] and procedure is not None:
         raise CheckSyntaxError(f"check {text!r}: an 'exactly' check takes no procedure")
+    if m["retrained"] and m["unit"] == "seeds":
+        raise CheckSyntaxError(f"check {text!r}: 'in retrained runs' applies to units within runs, not 'over seeds'")
     return Check(text=" ".join(text.split()), method=Ref(m["larm"], m["lmetric"]),
                  baseline=Ref(m["rarm"], m["rmetric"]) if m["combine"] else None, combine=m["combine"],
                  equivalence=equivalence, op=m["op"], threshold=threshold,
-                 pairing="exactly" if m["exactly"] else m["unit"], procedure=procedure)
+                 pairing="exactly" if m["exactly"] else m["unit"], procedure=procedure,
+                 retrained=bool(m["retrained"]))
 
 
 def describe_stat(stat: Mapping[str, Any], digits: int = 3) -> str:
