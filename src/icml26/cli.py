@@ -49,6 +49,7 @@ MODES_HELP = """modes:
   smoke  one seed, a tiny budget: does the pipeline run (seconds); its verdicts are not evidence
   quick  the card's quick seeds and preset, under 2 minutes a paper on 2 cores: the README's table
   full   the card's full seeds and preset, under 15 minutes a paper: the committed full results
+         (a card that needs longer states its budget beside its reason; `icml26 info SLUG` shows it)
 Results go to OUT/<slug>/<mode>.json (default ./runs, scratch); plots beside them. To replace a clone's committed
 results, run from a clean commit with --out results (scripts/regenerate.py does this in a worktree)."""
 
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every implemented paper whose extras are installed (the others are listed as skipped)")
     p_rep.add_argument("--mode", choices=("smoke", "quick", "full"), default="quick",
                        help="smoke (seconds: does it run), quick (default; < 2 min a paper), full (< 15 min a "
-                            "paper); see below")
+                            "paper); or the card's stated budget; see below")
     p_rep.add_argument("--seeds", type=_parse_seeds, default=None, help="e.g. 0,1,2 (default: the card's)")
     p_rep.add_argument("--out", type=Path, default=Path("runs"),
                        help="results root (default: ./runs, a scratch directory; give --out results on purpose to "
