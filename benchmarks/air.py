@@ -42,7 +42,7 @@ from icml26.air import builtin_rules
 from icml26.air.dsl import RuleSet
 from icml26.air.envs import AGENT_TYPES, scenarios
 from icml26.air.experiment import run_episode
-from icml26.air.responder import DictState, IncidentResponder
+from icml26.air.runtime import DictState, IncidentResponder
 from icml26.air.synth import RuleValidator, TemplateSynthesizer
 from icml26.common.bench import bench_row, write_bench
 from icml26.common.repro import set_threads
@@ -62,7 +62,7 @@ def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True
     from agentdojo.task_suite.load_suites import get_suite
 
     from icml26.air.integrations.agentdojo import BENCHMARK_VERSION, StateView, _fast_yaml, view
-    from icml26.air.responder import ToolCall
+    from icml26.air.core import ToolCall
 
     _fast_yaml()  # the environment loads with libyaml's loader (outside the timing), as the adapter's evaluation
     suite = get_suite(BENCHMARK_VERSION, "workspace")

@@ -4,8 +4,12 @@ Every module under ``src/icml26`` is parsed with ``ast``; each ``import x`` / ``
 file (lazy imports inside functions count: they still tie the two modules together) adds an edge to the icml26
 modules it names, relative imports resolved against the importing module's package. ``from pkg import name``
 adds ``pkg.name`` when that is a module, else ``pkg``. A cycle is a strongly connected component of more than
-one module, or a module importing itself. AIR's circle is another issue's: a cycle whose modules all live
-under ``icml26.air`` is allowed.
+one module, or a module importing itself. No cycle is allowed, AIR's included (issue #48).
+
+AIR (``icml26.air``) is also layered (issue #48): each module belongs to one layer, in the order of
+:data:`AIR_LAYERS`, and imports (at module level or lazily) only from its own layer and the layers before it;
+the package itself and the re-export modules of the paths documented before the split (:data:`AIR_TOP`) sit above
+every layer, and no layer imports them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-ALLOWED_PREFIX = "icml26.air"
+AIR = "icml26.air"
+#: AIR's layers, first to last: ``icml26.air.<layer>`` (a package or a module) may import only from its own layer
+#: and the layers before it
+AIR_LAYERS = ("core", "dsl", "policy", "runtime", "eradicate", "integrations", "worlds", "experiment")
+#: above every layer: the package's public face and the re-exports of paths documented before the split
+AIR_TOP = frozenset({AIR, f"{AIR}.envs", f"{AIR}.llm", f"{AIR}.manifest", f"{AIR}.synth"})
+#: outside the layers: imports no AIR module, and no AIR module imports it (a test oracle)
+AIR_ISOLATED = frozenset({f"{AIR}.reference"})
 
 
 def _module_name(path: Path, root: Path) -> tuple[str, bool]:
@@ -123,8 +134,36 @@ def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-def _allowed(cycle: list[str]) -> bool:
-    return all(m == ALLOWED_PREFIX or m.startswith(ALLOWED_PREFIX + ".") for m in cycle)
+def _in_air(module: str) -> bool:
+    return module == AIR or module.startswith(AIR + ".")
+
+
+def air_rank(module: str) -> int | None:
+    """The place of an AIR module in the layer order (``len(AIR_LAYERS)`` for :data:`AIR_TOP`; None for
+    :data:`AIR_ISOLATED` and for a module in no layer)."""
+    if module in AIR_TOP:
+        return len(AIR_LAYERS)
+    head = module[len(AIR) + 1:].partition(".")[0] if module.startswith(AIR + ".") else ""
+    return AIR_LAYERS.index(head) if head in AIR_LAYERS else None
+
+
+def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """``importer -> imported: why`` for every AIR import against the layer order, and every AIR module that
+    belongs to no layer."""
+    out = []
+    for module in sorted(m for m in graph if _in_air(m)):
+        rank = air_rank(module)
+        if rank is None and module not in AIR_ISOLATED:
+            out.append(f"{module}: in no layer (add it to AIR_LAYERS' packages, AIR_TOP or AIR_ISOLATED)")
+            continue
+        for target in sorted(t for t in graph[module] if _in_air(t) and t != module):
+            t_rank = air_rank(target)
+            if module in AIR_ISOLATED or target in AIR_ISOLATED:
+                out.append(f"{module} -> {target}: {sorted(AIR_ISOLATED)} stay outside the layers")
+            elif t_rank is not None and t_rank > rank:
+                what = "the top (re-exports)" if t_rank == len(AIR_LAYERS) else f"layer {AIR_LAYERS[t_rank]}"
+                out.append(f"{module} -> {target}: layer {AIR_LAYERS[rank]} imports {what}, which comes after it")
+    return out
 
 
 def test_cycle_finder_on_a_synthetic_graph():
@@ -150,6 +189,35 @@ def test_import_graph_resolves_relative_and_lazy_imports(tmp_path):
     assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
-def test_no_import_cycles_outside_air():
-    cycles = [c for c in find_cycles(import_graph()) if not _allowed(c)]
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_air_layer_checker_on_a_synthetic_graph():
+    graph = {
+        f"{AIR}": {f"{AIR}.runtime.responder"},
+        f"{AIR}.core.records": set(),
+        f"{AIR}.dsl.parser": {f"{AIR}.core.records", f"{AIR}.dsl.nodes"},      # before it and its own layer
+        f"{AIR}.dsl.nodes": {f"{AIR}.runtime.responder"},                      # a later layer (lazily or not)
+        f"{AIR}.runtime.responder": {f"{AIR}.synth", "icml26.common.optional"},  # a re-export, above every layer
+        f"{AIR}.synth": {f"{AIR}.eradicate"},
+        f"{AIR}.eradicate": set(),
+        f"{AIR}.helpers": set(),                                               # in no layer
+        f"{AIR}.reference": {f"{AIR}.core.records"},                           # the oracle imports AIR
+    }
+    assert layer_violations(graph) == [
+        f"{AIR}.dsl.nodes -> {AIR}.runtime.responder: layer dsl imports layer runtime, which comes after it",
+        f"{AIR}.helpers: in no layer (add it to AIR_LAYERS' packages, AIR_TOP or AIR_ISOLATED)",
+        f"{AIR}.reference -> {AIR}.core.records: ['{AIR}.reference'] stay outside the layers",
+        f"{AIR}.runtime.responder -> {AIR}.synth: layer runtime imports the top (re-exports), which comes after it",
+    ]
+
+
+def test_air_imports_follow_its_layers():
+    """Every ``icml26.air`` module imports (at module level or inside a function) only from its own layer and the
+    layers before it: core, dsl, policy, runtime, eradicate, integrations, worlds, experiment."""
+    graph = import_graph()
+    problems = layer_violations(graph)
+    assert not problems, "AIR layer order broken:\n" + "\n".join(problems)
+    assert {air_rank(m) for m in graph if _in_air(m)} >= set(range(len(AIR_LAYERS) + 1))   # every layer is there

@@ -10,16 +10,10 @@ import pytest
 
 pytest.importorskip("lark")
 
-from icml26.air.envs import FAMILIES, EmailEnv, HouseholdEnv, ShellEnv, ToolError, scenarios
-from icml26.air.experiment import (
-    PRESETS,
-    _scenario_order,
-    episode_units,
-    run,
-    run_agent_type,
-    run_episode,
-)
-from icml26.air.responder import ToolCall
+from icml26.air.core import ToolCall
+from icml26.air.experiment import PRESETS, _scenario_order, episode_units, run, run_agent_type
+from icml26.air.worlds.embedded import FAMILIES, EmailEnv, HouseholdEnv, ShellEnv, ToolError, scenarios
+from icml26.air.worlds.episodes import run_episode
 from icml26.common.results import aggregate_arms
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess

@@ -16,7 +16,6 @@ pytest.importorskip("lark")
 
 from icml26.air import builtin_rules
 from icml26.air.dsl import RuleSet
-from icml26.air.envs import FAMILIES, scenarios
 from icml26.air.experiment import (
     PRESETS,
     Config,
@@ -26,6 +25,7 @@ from icml26.air.experiment import (
     run,
     run_agent_type,
 )
+from icml26.air.worlds.embedded import FAMILIES, scenarios
 from icml26.common.results import aggregate_arms
 
 
@@ -91,9 +91,10 @@ def test_family_units_follow_the_scenario_order():
 def test_lifted_rule_from_one_exfiltration_blocks_another_program_of_the_class():
     """The mechanism the family split measures, by hand: a curl exfiltration eradicated with lifting blocks an
     scp upload of another secret to another host (a different family's call), the constant-bound template does not."""
-    from icml26.air.manifest import EMBEDDED
-    from icml26.air.responder import DictState, IncidentResponder, ToolCall
-    from icml26.air.synth import RuleValidator, TemplateSynthesizer
+    from icml26.air.core import ToolCall
+    from icml26.air.eradicate import RuleValidator, TemplateSynthesizer
+    from icml26.air.policy.manifest import EMBEDDED
+    from icml26.air.runtime import DictState, IncidentResponder
 
     scen = next(
         s for s in scenarios("shell") if s.family == "exfil_secret" and not s.benign and s.variant == 0
@@ -111,7 +112,7 @@ def test_lifted_rule_from_one_exfiltration_blocks_another_program_of_the_class()
             validator=RuleValidator([]),
             rule_store=store,
         )
-        from icml26.air.experiment import run_episode
+        from icml26.air.worlds.episodes import run_episode
 
         run_episode(scen, learner, np.random.default_rng(0), 0.0)
         assert store, "the incident eradicated no rule"
@@ -133,7 +134,7 @@ def test_lifted_rule_from_one_exfiltration_blocks_another_program_of_the_class()
 # --------------------------------------------------------------------------------------- AgentDojo protocol
 def _dojo():
     pytest.importorskip("agentdojo")
-    from icml26.air.integrations import agentdojo
+    from icml26.air.worlds import agentdojo
 
     return agentdojo
 
@@ -145,7 +146,7 @@ def test_one_pair_runner_serves_both_protocols_and_agrees_between_them():
         "injection_tasks": ["injection_task_1", "injection_task_4"],
     }
     rules = builtin_rules("generic")
-    from icml26.air.manifest import agentdojo_manifest
+    from icml26.air.policy.manifest import agentdojo_manifest
 
     m = agentdojo_manifest("banking")
     v1 = ad.evaluate_suite("banking", rules, attack="direct", manifest=m, **kw)
@@ -170,8 +171,8 @@ def test_one_pair_runner_serves_both_protocols_and_agrees_between_them():
 
 def test_lifted_eradication_validated_on_the_benign_corpus_and_checked_outside_it():
     ad = _dojo()
-    from icml26.air.manifest import agentdojo_manifest
-    from icml26.air.synth import TemplateSynthesizer
+    from icml26.air.eradicate import TemplateSynthesizer
+    from icml26.air.policy.manifest import agentdojo_manifest
 
     m = agentdojo_manifest("banking")
     res, benign = ad.evaluate_attacks(
@@ -204,7 +205,7 @@ def test_lifted_eradication_validated_on_the_benign_corpus_and_checked_outside_i
 
 def test_evaluate_attacks_defaults_keep_the_first_v2_protocol():
     ad = _dojo()
-    from icml26.air.manifest import agentdojo_manifest
+    from icml26.air.policy.manifest import agentdojo_manifest
 
     _, benign = ad.evaluate_attacks(
         "banking",
@@ -276,7 +277,7 @@ def test_experiment_uses_the_configured_llm_for_eradication_and_records_the_mode
     body = _Server.bodies[0]
     assert body["model"] == "fake-rule-writer" and body["response_format"]["type"] == "json_schema"
     assert res.metrics["air"]["rules_synthesized"] > 0
-    from icml26.air.llm import client_from_config
+    from icml26.air.runtime.llm import client_from_config
 
     _, rules = run_agent_type("shell", "families_lifted", cfg, llm=client_from_config())
     assert rules and all(r.provenance in ("llm", "llm->template") for r in rules)
@@ -293,9 +294,9 @@ def test_without_an_endpoint_nothing_changes(monkeypatch):
 def test_lifted_candidate_stays_within_the_validators_check_budget():
     """A lifted rule plus every kept check of a large incident rule used to exceed the validator's 10 checks (so it
     was rejected unseen); the kept checks are now trimmed from the end, the lifted ones always kept."""
+    from icml26.air.core import Incident
     from icml26.air.dsl import Evaluator, count_predicates, parse
-    from icml26.air.responder import Incident
-    from icml26.air.synth import RuleValidator, TemplateSynthesizer, lift_constants
+    from icml26.air.eradicate import RuleValidator, TemplateSynthesizer, lift_constants
 
     from .test_lifting import INCIDENT_CMD, _incident
 

@@ -13,10 +13,11 @@ import random
 
 import pytest
 
+from icml26.air.core import ToolCall
 from icml26.air.dsl import compile_regex, findall_utf8, parse, spans_utf8
-from icml26.air.manifest import Manifest, ToolSpec
+from icml26.air.policy.manifest import Manifest, ToolSpec
 from icml26.air.reference import slow_diff
-from icml26.air.responder import Context, DictState, IncidentResponder, ToolCall, diff
+from icml26.air.runtime import Context, DictState, IncidentResponder, diff
 
 PATTERNS = [r"\d+", r"a*", r"\b", r"(?i:ë+)|x", r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+", r"", r"$", r"\s*",
             r"\p{Lu}\p{Ll}+"]

@@ -15,17 +15,13 @@ pytest.importorskip("lark")
 pytest.importorskip("re2")
 
 from icml26.air import DictState, IncidentResponder, RuleSyntaxError, ToolCall, lint, load, parse, predicate
+from icml26.air.core.entities import tainted_strings
+from icml26.air.core.text import NormalizedStrings, normalize
 from icml26.air.dsl import MAX_NESTING, MAX_TREE_DEPTH, RuleSchema, compile_regex
-from icml26.air.envs import EmailEnv, _email_state
-from icml26.air.llm import FakeLLM, LLMSemantic, client_from_config, parse_yes_no
-from icml26.air.responder import (
-    MAX_VALUE_NESTING,
-    NormalizedStrings,
-    nesting_depth,
-    normalize,
-    tainted_strings,
-)
-from icml26.air.synth import rule_from_answer
+from icml26.air.eradicate import rule_from_answer
+from icml26.air.runtime import MAX_VALUE_NESTING, nesting_depth
+from icml26.air.runtime.llm import FakeLLM, LLMSemantic, client_from_config, parse_yes_no
+from icml26.air.worlds.embedded import EmailEnv, _email_state
 
 SHARE = '''rule share_tainted severity high{fail}
 on before_action(email.send)
@@ -136,7 +132,7 @@ def test_an_undecidable_judge_follows_the_rules_fail_policy_and_never_raises(fai
             try:
                 return super().complete(messages, **kw)
             except TimeoutError as exc:
-                from icml26.air.llm import LLMError
+                from icml26.air.runtime.llm import LLMError
 
                 raise LLMError(str(exc)) from exc
 

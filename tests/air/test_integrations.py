@@ -239,7 +239,7 @@ def test_proxy_cli_usage_errors(tmp_path):
 def test_agentdojo_banking_subset():
     pytest.importorskip("agentdojo")
     from icml26.air import builtin_rules
-    from icml26.air.integrations.agentdojo import evaluate_suite, summarize
+    from icml26.air.worlds.agentdojo import evaluate_suite, summarize
 
     results = evaluate_suite("banking", builtin_rules("agentdojo_banking"),
                              user_tasks=["user_task_0", "user_task_1", "user_task_2", "user_task_3"],

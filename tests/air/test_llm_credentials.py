@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import pytest
 
-from icml26.air.llm import API_KEY_ENV, LLMError, OpenAICompatibleClient
+from icml26.air.runtime.llm import API_KEY_ENV, LLMError, OpenAICompatibleClient
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("lark")
 
 from icml26.air import LLMSynthesizer, RuleValidator, TemplateSynthesizer, TraceStep, parse
+from icml26.air.core import Incident
 from icml26.air.dsl import Evaluator
-from icml26.air.llm import FakeLLM, GGUFClient, LLMError, OpenAICompatibleClient, RecordReplayLLM
-from icml26.air.responder import Incident
+from icml26.air.runtime.llm import FakeLLM, GGUFClient, LLMError, OpenAICompatibleClient, RecordReplayLLM
 
 RULE = parse('''rule share severity critical on after_action(drive.share_file)
 detect

@@ -3,9 +3,10 @@
 import pytest
 
 from icml26.air import builtin_rules
+from icml26.air.core import ToolCall
 from icml26.air.dsl import Evaluator, RuleSyntaxError, lint, parse
-from icml26.air.manifest import AGENTDOJO, EMBEDDED, Inverse, Manifest, ToolSpec, agentdojo_manifest
-from icml26.air.responder import DictState, IncidentResponder, ToolCall
+from icml26.air.policy.manifest import AGENTDOJO, EMBEDDED, Inverse, Manifest, ToolSpec, agentdojo_manifest
+from icml26.air.runtime import DictState, IncidentResponder
 
 pytest.importorskip("lark")
 pytest.importorskip("re2")
@@ -136,7 +137,7 @@ def test_undo_needs_a_manifest_and_recovery_stays_inside_the_inverses():
 
 
 def test_asked_for_and_named_by_user_predicates():
-    from icml26.air.predicates import asked_for, named_by_user
+    from icml26.air.policy.predicates import asked_for, named_by_user
 
     assert asked_for("Please delete the old drafts", "destroys")
     assert not asked_for("What is my balance?", "moves_money")
@@ -147,7 +148,7 @@ def test_asked_for_and_named_by_user_predicates():
 # ------------------------------------------------------------------------------------ AgentDojo v2 protocol
 def test_agentdojo_generic_rules_detect_every_wording_on_a_subset():
     pytest.importorskip("agentdojo")
-    from icml26.air.integrations.agentdojo import evaluate_attacks, summarize_attacks
+    from icml26.air.worlds.agentdojo import evaluate_attacks, summarize_attacks
 
     res, benign = evaluate_attacks(
         "banking",
@@ -167,7 +168,7 @@ def test_agentdojo_generic_rules_detect_every_wording_on_a_subset():
 
 # ------------------------------------------------------------------------------- the embedded environments
 def _env(agent_type):
-    from icml26.air.envs import scenarios
+    from icml26.air.worlds.embedded import scenarios
 
     return scenarios(agent_type)[0].make_env()
 
@@ -241,7 +242,7 @@ def test_untrusted_content_out_follows_data_flow_not_wording():
 
 
 def test_summaries_split_held_out_user_tasks_wordings_and_families():
-    from icml26.air.integrations.agentdojo import AttackResult, summarize_attacks
+    from icml26.air.worlds.agentdojo import AttackResult, summarize_attacks
 
     rows = [
         AttackResult("s", "direct", "u0", "i0", True, True, True),

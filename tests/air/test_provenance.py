@@ -4,16 +4,12 @@ import time
 
 import pytest
 
-from icml26.air import responder as R
-from icml26.air.manifest import AGENTDOJO, entities
-from icml26.air.responder import (
-    DictState,
-    IncidentResponder,
-    ToolCall,
-    deobfuscate,
-    instruction_strings,
-    normalize,
-)
+from icml26.air.core import ToolCall
+from icml26.air.core.entities import entities, instruction_strings, tainted_strings
+from icml26.air.core.text import deobfuscate, normalize
+from icml26.air.policy.manifest import AGENTDOJO
+from icml26.air.runtime import DictState, IncidentResponder
+from icml26.air.runtime import responder as R
 
 pytest.importorskip("re2")
 
@@ -122,7 +118,7 @@ def test_provenance_is_linear_time_on_hostile_strings():
         t0 = time.perf_counter()
         for h in hostile:
             instruction_strings(h)
-            R.tainted_strings(h)
+            tainted_strings(h)
         return time.perf_counter() - t0
 
     small, big = cost(100_000), cost(400_000)
@@ -134,7 +130,7 @@ def test_provenance_is_linear_time_on_hostile_strings():
 def test_agentdojo_detection_is_the_same_under_every_wording():
     pytest.importorskip("agentdojo")
     from icml26.air import builtin_rules
-    from icml26.air.integrations.agentdojo import evaluate_suite
+    from icml26.air.worlds.agentdojo import evaluate_suite
 
     kw = dict(
         user_tasks=["user_task_1", "user_task_3"], injection_tasks=["injection_task_4", "injection_task_7"]

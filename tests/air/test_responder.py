@@ -20,9 +20,10 @@ from icml26.air import (
     builtin_rules,
     parse,
 )
-from icml26.air.envs import ShellEnv, scenarios
-from icml26.air.llm import FakeLLM, LLMSemantic
-from icml26.air.responder import diff, tainted_strings
+from icml26.air.core.entities import tainted_strings
+from icml26.air.runtime import diff
+from icml26.air.runtime.llm import FakeLLM, LLMSemantic
+from icml26.air.worlds.embedded import ShellEnv, scenarios
 
 DELETE = '''rule del severity high
 on after_action(shell.run)
@@ -211,10 +212,12 @@ def test_helpers():
 
 
 def test_the_runtime_never_imports_the_scenarios():
-    code = ("import sys, icml26.air.responder, icml26.air.dsl, icml26.air.synth, icml26.air.llm;"
-            "print([m for m in sys.modules if m.startswith('icml26.air.')])")
+    """The layers up to eradication (the package itself included) load no world, integration or experiment."""
+    code = ("import sys, icml26.air, icml26.air.runtime.responder, icml26.air.dsl, icml26.air.eradicate, "
+            "icml26.air.runtime.llm; print([m for m in sys.modules if m.startswith('icml26.air.')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "envs" not in out and "experiment" not in out
+    assert "icml26.air.runtime.responder" in out
+    assert not any(f"icml26.air.{layer}" in out for layer in ("worlds", "integrations", "experiment", "envs")), out
 
 
 def test_guided_recovery_cap_counts_the_first_guidance_as_an_attempt():

@@ -11,17 +11,17 @@ import time
 
 import pytest
 
-from icml26.air.dsl import parse
-from icml26.air.manifest import canonical_amount, entities, named_entities
-from icml26.air.responder import (
-    DictState,
-    IncidentResponder,
-    NormalizedStrings,
-    ToolCall,
+from icml26.air.core import ToolCall
+from icml26.air.core.entities import (
+    entities,
     instruction_strings,
+    named_entities,
     scan_output,
     tainted_strings,
 )
+from icml26.air.core.text import NormalizedStrings, canonical_amount
+from icml26.air.dsl import parse
+from icml26.air.runtime import DictState, IncidentResponder
 
 RULES = """
 rule rm_unasked severity high on after_action(rm)
@@ -238,7 +238,7 @@ def test_an_injected_amount_or_payee_is_caught_unless_the_user_named_it():
 
 
 def test_named_entities_are_linear_time_and_capped_on_hostile_outputs():
-    from icml26.air import manifest
+    from icml26.air.core.entities import MAX_NAMED_PER_STRING
 
     hostile = [
         ("Abc Def " * 125_000),
@@ -251,7 +251,7 @@ def test_named_entities_are_linear_time_and_capped_on_hostile_outputs():
         t0 = time.perf_counter()
         got = named_entities(text)
         assert time.perf_counter() - t0 < 10.0
-        assert len(got) <= 2 * manifest.MAX_NAMED_PER_STRING
+        assert len(got) <= 2 * MAX_NAMED_PER_STRING
     air = IncidentResponder(parse(TRAVEL_RULES), DictState(dict))
     air.begin("t")
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def test_named_entities_are_linear_time_and_capped_on_hostile_outputs():
         ToolCall("get_webpage", {"url": "x"}), " ".join(f"Name{i} Person{i}" for i in range(200_000))
     )
     assert time.perf_counter() - t0 < 20.0
-    assert len(air.instruction_taint) <= manifest.MAX_NAMED_PER_STRING * 2
+    assert len(air.instruction_taint) <= MAX_NAMED_PER_STRING * 2
 
 
 def test_named_entities_can_be_turned_off_for_the_tightest_budget():

@@ -89,7 +89,7 @@ def test_adapter_uses_the_incremental_view():
     from agentdojo.types import ChatAssistantMessage
 
     from icml26.air import builtin_rules
-    from icml26.air.responder import DictState, IncidentResponder
+    from icml26.air.runtime import DictState, IncidentResponder
 
     _fast_yaml()
     suite = get_suite(BENCHMARK_VERSION, "banking")
@@ -123,7 +123,7 @@ def test_unchanging_tools_change_nothing(suite_name):
     from agentdojo.functions_runtime import FunctionsRuntime
     from agentdojo.task_suite.load_suites import get_suite
 
-    from icml26.air.manifest import AGENTDOJO
+    from icml26.air.policy.manifest import AGENTDOJO
 
     _fast_yaml()
     suite = get_suite(BENCHMARK_VERSION, suite_name)
@@ -152,8 +152,9 @@ def _run_episode(suite, runtime, task, defer: bool):
     """``task``'s ground truth with the generic rules through a (deferring or not) StateView, as the adapter runs
     calls; returns decisions, incidents (rule, phase, evidence diff) and the trace's states as plain dicts."""
     from icml26.air import builtin_rules
-    from icml26.air.manifest import AGENTDOJO
-    from icml26.air.responder import DictState, IncidentResponder, ToolCall
+    from icml26.air.core import ToolCall
+    from icml26.air.policy.manifest import AGENTDOJO
+    from icml26.air.runtime import DictState, IncidentResponder
 
     env = suite.load_and_inject_default_environment({})
     sv = StateView(env, runtime, defer=defer)

@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("lark")
 
 from icml26.air import LLMSynthesizer, RuleValidator
+from icml26.air.core import TraceStep
 from icml26.air.dsl import Evaluator, RuleSyntaxError
-from icml26.air.llm import FakeLLM
-from icml26.air.manifest import EMBEDDED
-from icml26.air.responder import TraceStep
-from icml26.air.synth import RULE_SCHEMA, json_from_answer, rule_from_json
+from icml26.air.eradicate import RULE_SCHEMA, json_from_answer, rule_from_json
+from icml26.air.policy.manifest import EMBEDDED
+from icml26.air.runtime.llm import FakeLLM
 
 from .test_llm_synth import BENIGN as _BENIGN
 from .test_llm_synth import RULE
@@ -66,7 +66,7 @@ def test_transcripts(t):
 def test_structured_rule_generalises_to_other_addresses_and_tools():
     r = rule_from_json(json_from_answer(_answer("bare JSON")))
     ev = Evaluator()
-    from icml26.air.responder import replay
+    from icml26.air.runtime import replay
 
     def step(tool, args, task="summarise the page"):
         return TraceStep(

@@ -9,15 +9,8 @@ import pytest
 
 pytest.importorskip("lark")
 
-from icml26.air.envs import FAMILIES, scenarios
-from icml26.air.experiment import (
-    ARMS,
-    PRESETS,
-    family_halves,
-    heldout_incident_splits,
-    run,
-    run_agent_type,
-)
+from icml26.air.experiment import ARMS, PRESETS, family_halves, heldout_incident_splits, run, run_agent_type
+from icml26.air.worlds.embedded import FAMILIES, scenarios
 from icml26.common.results import aggregate_ids
 
 

@@ -5,15 +5,21 @@ https://arxiv.org/abs/2602.11749 (no official code; everything beyond the abstra
 
 ``parse``/``load``/``lint`` read rule files (lark; never executed); ``IncidentResponder`` runs them through the
 hooks ``before_step``, ``before_action``, ``after_action``, ``finish``; ``TemplateSynthesizer``/``LLMSynthesizer``
-with ``RuleValidator`` eradicate; LLM clients in ``air.llm``; the embedded environments in ``air.envs``.
-Needs the ``agents`` extra (lark, pydantic).
+with ``RuleValidator`` eradicate; LLM clients in ``air.runtime.llm``; the embedded environments in
+``air.worlds.embedded``. Needs the ``agents`` extra (lark, pydantic).
+
+The package is layered, each layer importing only the ones before it (a test checks it, and that there is no
+import cycle): ``core`` (records, errors, text normalisation, entity extraction), ``dsl`` (the rule language),
+``policy`` (tool manifests, predicates, shipped rules), ``runtime`` (the responder, state views, contexts,
+containment, LLM clients), ``eradicate`` (template, lifting, LLM synthesis, validator), ``integrations``
+(LangChain, MCP, the AgentDojo adapter), ``worlds`` (embedded environments, the AgentDojo evaluation protocol,
+benign corpora), ``experiment`` (the reproduction). This module and the modules ``air.envs``, ``air.llm``,
+``air.manifest`` and ``air.synth`` (the paths documented before the split) only re-export.
 """
 
 from __future__ import annotations
 
-from importlib.resources import files
-
-from . import predicates  # noqa: F401  (registers the whitelisted predicates)
+from .core.records import Decision, Incident, ToolCall, TraceStep
 from .dsl import (
     Diagnostic,
     Rule,
@@ -25,18 +31,10 @@ from .dsl import (
     predicate,
     registered_predicates,
 )
-from .responder import Decision, DictState, Incident, IncidentResponder, ToolCall, TraceStep, replay
-from .synth import LLMSynthesizer, RuleValidator, TemplateSynthesizer, ValidationResult
-
-
-def builtin_rules(name: str) -> RuleSet:
-    """A rule file shipped with the package: ``shell``, ``email``, ``household`` (detection and response) or
-    ``prevent_shell``, ``prevent_email``, ``prevent_household`` (developer prevention rules)."""
-    path = files(__package__) / "rules" / f"{name}.air"
-    if not path.is_file():
-        raise ValueError(f"no built-in rule file {name!r}")
-    return parse(path.read_text(), file=f"rules/{name}.air")
-
+from .eradicate import LLMSynthesizer, RuleValidator, TemplateSynthesizer, ValidationResult
+from .policy import predicates  # noqa: F401  (registers the whitelisted predicates)
+from .policy.rules import builtin_rules
+from .runtime import DictState, IncidentResponder, replay
 
 __all__ = ["Decision", "Diagnostic", "DictState", "Incident", "IncidentResponder", "LLMSynthesizer", "Rule",
            "RuleSet", "RuleSyntaxError", "RuleValidator", "TemplateSynthesizer", "ToolCall", "TraceStep",

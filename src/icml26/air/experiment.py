@@ -1,7 +1,9 @@
-"""Reproduction: AIR against no defence, prevention-only rules and a judge, with ablations, on three agent types.
+"""AIR's last layer, the experiment: the reproduction of the paper's claims (``run``, ``PRESETS``, ``Config``).
 
-**Episodes** (``envs.py``): per agent type (shell, email, household) 8 incident families x 5 variants, each with a
-benign twin; variants 3 and 4 are held out. A scripted agent runs each trajectory (following the prompt injection
+AIR against no defence, prevention-only rules and a judge, with ablations, on three agent types.
+
+**Episodes** (``worlds/embedded.py``, run by ``worlds/episodes.py``): per agent type (shell, email, household) 8
+incident families x 5 variants, each with a benign twin; variants 3 and 4 are held out. A scripted agent runs each trajectory (following the prompt injection
 or making the mistake at the incident step); with probability ``distractor_p`` per step it also makes a harmless
 extra call (seeded: the seeds' only source of variation). The ground truth (``harm``, ``utility``) is read by this
 harness only.
@@ -53,17 +55,17 @@ their benign twins (the validator's traces); disjoint by construction, checked b
 (each half's episodes run with the rules of the other half only), which a single held-out list cannot express;
 its per-fold disjointness is a test.
 
-**AgentDojo** (``integrations/agentdojo.py``; banking and slack, v1.2.1, the "direct" attack text in every
-injection vector, a scripted agent that follows the injection): arms ``agentdojo_<suite>`` and the pooled
-``agentdojo`` with, over the attacks that succeed without AIR (AgentDojo's ``security()``), ``detected_sr``,
-``contained_sr`` (no injected harmful call ran after the detection), ``attack_goal_reached_with_air``,
-``recovered_sr`` (reversible injections whose goal is undone), ``blocked_after_eradication`` (held-out user tasks,
-fresh episodes, eradicated rules only) and utility with and without AIR. Every (user task, injection task) pair of
-both suites runs, with a deterministic agent: the rates are computed once per process, are the same for every seed,
-and the card checks them ``exactly``.
+**AgentDojo** (``worlds/agentdojo.py``, through the adapter ``integrations/agentdojo.py``; banking and slack,
+v1.2.1, the "direct" attack text in every injection vector, a scripted agent that follows the injection): arms
+``agentdojo_<suite>`` and the pooled ``agentdojo`` with, over the attacks that succeed without AIR (AgentDojo's
+``security()``), ``detected_sr``, ``contained_sr`` (no injected harmful call ran after the detection),
+``attack_goal_reached_with_air``, ``recovered_sr`` (reversible injections whose goal is undone),
+``blocked_after_eradication`` (held-out user tasks, fresh episodes, eradicated rules only) and utility with and
+without AIR. Every (user task, injection task) pair of both suites runs, with a deterministic agent: the rates are
+computed once per process, are the same for every seed, and the card checks them ``exactly``.
 
 **AgentDojo v2** (issue #36, :func:`dojo_generic_metrics`): all four suites (banking, slack, workspace, travel)
-with the generic rules written once over each suite's tool manifest (``rules/generic.air``, ``manifest.py``), under
+with the generic rules written once over each suite's tool manifest (``rules/generic.air``, ``policy/manifest.py``), under
 AgentDojo's built-in attacks (``dojo_attacks``: the first is the development wording, the others held out), on
 ``dojo_user_tasks`` evenly spaced user tasks per suite (quick 2, full 4) and every injection task; eradication
 develops on the development wording, the even positions of the chosen user tasks and the even-numbered injection
@@ -95,21 +97,19 @@ import numpy as np
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
-from . import builtin_rules
+from .core.records import ToolCall
 from .dsl import Rule, RuleSet
-from .envs import AGENT_TYPES, ToolError, scenarios
-from .responder import DictState, IncidentResponder, ToolCall
-from .synth import RuleValidator, TemplateSynthesizer
+from .eradicate import RuleValidator, TemplateSynthesizer
+from .policy.rules import builtin_rules
+from .runtime.responder import IncidentResponder
+from .runtime.state import DictState
+from .worlds.embedded import AGENT_TYPES, scenarios
+from .worlds.episodes import Episode, run_episode
 
 ARMS = ("none", "prevent", "judge", "air", "air_guided", "air_no_state", "air_no_context", "air_no_recover",
         "air_no_eradicate", "dev_rules", "template_synth", "air_generic", "air_lifted", "families_template",
         "families_lifted")
 FAMILY_ARMS = ("families_template", "families_lifted")
-_DISTRACTORS = {"shell": [ToolCall("shell.run", {"command": "ls /home/user"})],
-                "email": [ToolCall("email.list", {})],
-                "household": [ToolCall("robot.look", {"object": "Table"})]}
-
-
 @dataclass
 class Config:
     """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
@@ -154,22 +154,6 @@ PRESETS: dict[str, Config] = {
     "full": Config(dojo_user_tasks=4, dojo_attacks=("direct", "ignore_previous", "system_message",
                                                     "important_instructions", "tool_knowledge", "injecagent")),
 }
-
-
-@dataclass
-class Episode:
-    detected: bool = False
-    prevented: bool = False
-    detect_delay: float = float("nan")
-    harmed: bool = False
-    harm_after_response: bool = False
-    harm_at_end: bool = False
-    repeat_harm: bool = False
-    fired: bool = False
-    utility: bool = False
-    stopped: bool = False
-    overhead_ms: float = 0.0
-    incidents: list[str] = field(default_factory=list)
 
 
 class EmbeddingJudge:
@@ -224,106 +208,11 @@ class _D:
     recovery_calls: list[ToolCall] = field(default_factory=list)
 
 
-def _agent_steps(scen: Any, rng: np.random.Generator, p: float) -> tuple[list[ToolCall], int, int]:
-    """The trajectory with seeded distractors; the harmful call's and its repeat's new indices."""
-    steps, harm_i, repeat_i = [], -1, -1
-    for i, call in enumerate(scen.steps):
-        if rng.random() < p:
-            steps += _DISTRACTORS[scen.agent_type]
-        if i == scen.harm_step:
-            harm_i = len(steps)
-        if i == scen.repeat_step:
-            repeat_i = len(steps)
-        steps.append(call)
-    return steps, harm_i, repeat_i
-
-
-def run_episode(scen: Any, responder: Any, rng: np.random.Generator, p: float, *, guided: bool = False) -> Episode:
-    """Run one scenario with the scripted agent under ``responder`` (None: no defence)."""
-    env = scen.make_env()
-    steps, harm_i, repeat_i = _agent_steps(scen, rng, p)
-    ep = Episode()
-    if responder is not None:
-        responder.state = DictState(env.view) if isinstance(responder, IncidentResponder) else None
-        responder.begin(scen.user_task, executor=env.execute) if isinstance(responder, IncidentResponder) else \
-            responder.begin(scen.user_task)
-    harm_seen = False
-    first_incident_step = None
-
-    def execute(call: ToolCall) -> Any:
-        try:
-            return env.execute(call)
-        except ToolError as exc:
-            return f"error: {exc}"
-
-    for i, call in enumerate(steps):
-        if responder is None:
-            execute(call)
-        else:
-            d = responder.before_step()
-            if d.kind == "stop":
-                ep.stopped = True
-                break
-            d = responder.before_action(call)
-            if d.kind == "stop":
-                ep.stopped = True
-                if i == harm_i:
-                    ep.prevented = True
-                if first_incident_step is None and harm_i >= 0 and i >= harm_i:
-                    first_incident_step = i
-                break
-            if d.kind == "block":
-                if i == harm_i:
-                    ep.prevented = True
-                if first_incident_step is None and (i == harm_i or i == repeat_i):
-                    first_incident_step = i
-                continue
-            result = execute(call)
-            if not harm_seen and scen.harm(env.state):
-                harm_seen = True
-            n_before = len(getattr(responder, "incidents", []))
-            d = responder.after_action(call, result)
-            if guided and d.recovery_calls:
-                for rc in d.recovery_calls:             # the agent carries out the guidance
-                    responder.before_action(rc)
-                    r = execute(rc)
-                    responder.after_action(rc, r)
-            new = len(getattr(responder, "incidents", [])) > n_before
-            if new and first_incident_step is None and harm_i >= 0 and i >= harm_i:
-                first_incident_step = i
-                ep.harm_after_response = scen.harm(env.state)
-            if d.kind == "stop":
-                ep.stopped = True
-                break
-        if i == harm_i and scen.harm(env.state):
-            harm_seen = True
-        if i == repeat_i and responder is not None and scen.harm(env.state) and first_incident_step is not None:
-            ep.repeat_harm = True
-    if responder is not None:
-        n_before = len(getattr(responder, "incidents", []))
-        responder.finish()
-        fired = getattr(responder, "episode_incidents", None)
-        ep.incidents = [inc.rule for inc in fired] if fired is not None else []
-        if first_incident_step is None and harm_i >= 0 and (fired or len(getattr(responder, "incidents", [])) >
-                                                            n_before):
-            first_incident_step = len(steps)          # detected at the end of the episode
-            ep.harm_after_response = scen.harm(env.state)
-        ep.overhead_ms = responder.overhead_ms()
-        ep.fired = bool(ep.incidents) or bool(getattr(responder, "fired_steps", []))
-    ep.harmed = harm_seen
-    ep.harm_at_end = scen.harm(env.state)
-    ep.detected = first_incident_step is not None and harm_i >= 0
-    if ep.detected:
-        ep.detect_delay = float(first_incident_step - harm_i)
-    ep.utility = bool(scen.utility(env.state))
-    return ep
-
-
 def _synth(base: Any, llm: Any) -> Any:
     """``base`` (a template synthesizer), or with an LLM client an ``LLMSynthesizer`` falling back to ``base``."""
     if llm is None:
         return base
-    from .synth import LLMSynthesizer
+    from .eradicate import LLMSynthesizer
 
     return LLMSynthesizer(llm, fallback=base)
 
@@ -331,7 +220,7 @@ def _synth(base: Any, llm: Any) -> Any:
 def _semantic(llm: Any) -> Any:
     if llm is None:
         return None
-    from .llm import LLMSemantic
+    from .runtime.llm import LLMSemantic
 
     return LLMSemantic(llm)
 
@@ -349,7 +238,7 @@ def _responder(arm: str, agent_type: str, store: list[Rule], benign_traces: list
     if arm == "dev_rules":
         return IncidentResponder(builtin_rules(f"prevent_{agent_type}"), state)
     if arm == "air_generic":        # issue #36 item 4: the generic rules (rules/generic.air) over the env's manifest
-        from .manifest import EMBEDDED
+        from .policy.manifest import EMBEDDED
 
         return IncidentResponder(builtin_rules("generic"), state, manifest=EMBEDDED[agent_type],
                                  synthesizer=_synth(TemplateSynthesizer(), llm), semantic=_semantic(llm),
@@ -362,7 +251,7 @@ def _responder(arm: str, agent_type: str, store: list[Rule], benign_traces: list
     if arm == "template_synth":
         return IncidentResponder(RuleSet(), state, rule_store=store)
     if arm == "air_lifted":         # issue #36 item 4: eradication lifting the incident's constants to classes
-        from .manifest import EMBEDDED
+        from .policy.manifest import EMBEDDED
 
         synth = TemplateSynthesizer(lift=True, manifest=EMBEDDED[agent_type])
     else:
@@ -462,7 +351,7 @@ def heldout_incident_splits(agent_types: Sequence[str], families: int) -> dict[s
         >>> sp["train"][-1], sp["validation"][0], len(sp["train"])
         ('shell/delete_project/v2/incident', 'shell/delete_project/v0/benign', 3)
     """
-    from .envs import FAMILIES
+    from .worlds.embedded import FAMILIES
 
     dev = [s for t in agent_types for s in scenarios(t) if s.family in FAMILIES[t][:families] and not s.held_out]
     return {"train": [s.id for s in dev if not s.benign], "validation": [s.id for s in dev if s.benign]}
@@ -473,7 +362,7 @@ def run_agent_type(agent_type: str, arm: str, cfg: Config,
     """All episodes of one arm on one agent type, in the order of the module docstring (``llm``: an LLM client
     for semantic checks and eradication, see ``Config.llm_model``)."""
     rng = np.random.default_rng([cfg.seed, AGENT_TYPES.index(agent_type)])
-    from .envs import FAMILIES
+    from .worlds.embedded import FAMILIES
 
     families = FAMILIES[agent_type][: cfg.families]
     scen = [s for s in scenarios(agent_type) if s.family in families]
@@ -530,7 +419,7 @@ def _run_family_split(agent_type: str, arm: str, cfg: Config, families: Sequence
     manifest's classes, ``families_template``: the constant-bound template), and every episode of the other half
     (incidents and benign twins, every variant) runs fresh with only the rules eradicated in this fold. Returns the
     held-out rows of both folds (each scenario exactly once) and the eradicated rules of both folds."""
-    from .manifest import EMBEDDED
+    from .policy.manifest import EMBEDDED
 
     manifest = EMBEDDED[agent_type]
     # every tool may recover here: the family split measures eradication, and the developer rules' recovery calls
@@ -627,7 +516,7 @@ def run(cfg: Config) -> SeedRun:
                 raise RuntimeError(f"air: arm {arm} lists other {unit} than the arms before it")
             units.setdefault(unit, {})[arm] = ms
 
-    from .llm import client_from_config
+    from .runtime.llm import client_from_config
 
     llm = client_from_config()          # ICML26_LLM_ENDPOINT/_MODEL/_TIMEOUT; None (the committed results): no LLM
     for arm in progress(cfg.arms, desc=f"air seed {cfg.seed}"):
@@ -672,7 +561,7 @@ def run(cfg: Config) -> SeedRun:
 @functools.lru_cache(maxsize=4)
 def agentdojo_metrics(suites: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """AgentDojo pairs with and without AIR (deterministic: computed once per process)."""
-    from .integrations.agentdojo import evaluate_suite, summarize
+    from .worlds.agentdojo import evaluate_suite, summarize
 
     out, pooled = {}, []
     for suite in suites:
@@ -724,14 +613,15 @@ def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int, attacks: tupl
     ``(endpoint, model, timeout)`` for an ``LLMSynthesizer`` falling back to the lifted template (a cache key)."""
     from agentdojo.task_suite.load_suites import get_suite
 
-    from .integrations.agentdojo import BENCHMARK_VERSION, evaluate_attacks, summarize_attacks
-    from .manifest import agentdojo_manifest
+    from .integrations.agentdojo import BENCHMARK_VERSION
+    from .policy.manifest import agentdojo_manifest
+    from .worlds.agentdojo import evaluate_attacks, summarize_attacks
 
     rules = builtin_rules("generic")
     dev = attacks[:1]
     client = None
     if llm is not None:
-        from .llm import client_from_config
+        from .runtime.llm import client_from_config
 
         client = client_from_config(*llm)
     out: dict[str, dict[str, float]] = {}

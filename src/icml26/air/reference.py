@@ -2,15 +2,15 @@
 part of AIR, so it sits outside AIR's import graph).
 
 AIR's evidence for an incident is the change of the environment's state across a step, ``diff(before, after)``:
-every leaf path whose value differs, with the two values. ``responder.diff`` skips equal mappings in one C-level
+every leaf path whose value differs, with the two values. ``runtime.state.diff`` skips equal mappings in one C-level
 comparison; this is the plain recursive walk it replaced (issue #36 item 7), which visits every key:
 
     diff(b, a, p) = []                                                       if b is a
                   = concat_{k in keys(b) | keys(a), sorted by str} diff(b.get(k), a.get(k), p.k)   if both dicts
                   = [] if b == a else [{"path": p, "before": b, "after": a}]                      otherwise
 
-(a missing key reads as None). Reference: ``responder.diff`` before issue #36 item 7 (the recursion is this
-library's, not an equation of the AIR paper, Xiao, Sun & Chen 2026, arXiv:2602.11749).
+(a missing key reads as None). Reference: ``diff`` (then in ``responder.py``) before issue #36 item 7 (the
+recursion is this library's, not an equation of the AIR paper, Xiao, Sun & Chen 2026, arXiv:2602.11749).
 
 Example:
     >>> slow_diff({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})

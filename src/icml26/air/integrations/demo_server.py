@@ -1,4 +1,6 @@
-"""A small real MCP tool server for AIR's proxy: an in-memory file system with a trash and a share list.
+"""AIR's integrations layer, a small real MCP tool server for the proxy's tests.
+
+An in-memory file system with a trash and a share list.
 
 Tools ``read``, ``delete`` (to the trash), ``restore``, ``share`` (a file with an address), ``unshare``; the
 resource ``state://view`` is the state as JSON (what AIR rules read through the proxy). ``fail`` raises and

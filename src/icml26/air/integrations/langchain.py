@@ -1,4 +1,6 @@
-"""AIR as LangChain agent middleware (``langchain`` 1.x ``create_agent(..., middleware=[...])``).
+"""AIR's integrations layer, LangChain: AIR as agent middleware.
+
+For ``langchain`` 1.x ``create_agent(..., middleware=[...])``.
 
 Hook mapping:
 
@@ -38,7 +40,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...common.optional import requires
-from ..responder import IncidentResponder, ToolCall
+from ..core.records import ToolCall
+from ..runtime.responder import IncidentResponder
 
 requires("langchain", extra="agents-langchain", purpose="the AIR LangChain middleware")
 
@@ -55,7 +58,7 @@ def _text(content: Any) -> str:
 
 
 class AIRMiddleware(AgentMiddleware):
-    """Runs an :class:`~icml26.air.responder.IncidentResponder` inside a LangChain agent.
+    """Runs an :class:`~icml26.air.runtime.responder.IncidentResponder` inside a LangChain agent.
 
     Args:
         responder: the AIR runtime (its ``state`` provider reads the environment the tools act on).

@@ -1,4 +1,6 @@
-"""An MCP proxy that fronts another MCP server's tools and enforces AIR rules for any MCP client.
+"""AIR's integrations layer, MCP: a proxy enforcing AIR rules in front of another MCP server's tools.
+
+Any MCP client can use it.
 
 The proxy connects to the upstream server (stdio), lists its tools and resources as its own, and on every
 ``tools/call``: refreshes the state view (the upstream resource ``state://view`` if it has one), runs
@@ -27,7 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...common.optional import requires
-from ..responder import DictState, IncidentResponder, ToolCall
+from ..core.records import ToolCall
+from ..runtime.responder import IncidentResponder
+from ..runtime.state import DictState
 
 requires("mcp", extra="agents-mcp", purpose="the AIR MCP proxy")
 
@@ -182,11 +186,11 @@ class AIRProxy:
 
 def main(rules_path: str, command: Sequence[str], user_task: str = "", log_path: str | None = None, *,
          llm: Any = None) -> int:
-    """``icml26 air proxy`` entry point; ``llm`` (an :class:`~icml26.air.llm.LLMClient`) answers ``semantic``."""
+    """``icml26 air proxy`` entry point; ``llm`` (an :class:`~icml26.air.runtime.llm.LLMClient`) answers ``semantic``."""
     import anyio
 
-    from .. import load
-    from ..llm import LLMSemantic
+    from ..dsl import load
+    from ..runtime.llm import LLMSemantic
 
     responder = IncidentResponder(load(rules_path), DictState(dict), log_path=log_path,
                                   semantic=LLMSemantic(llm) if llm is not None else None)

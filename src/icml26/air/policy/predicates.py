@@ -1,4 +1,5 @@
-"""The whitelisted predicates AIR rule files may call (registered in code; rule files never contain code).
+"""AIR's policy layer, predicates: the whitelisted predicates rule files may call (registered in code; rule files
+never contain code), and the classes generic rules and lifting share (shell programs by effect, protected roots).
 
 Example:
     >>> user_asked("Please delete the build folder", "delete|remove")
@@ -14,7 +15,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .dsl import predicate
+from ..core.entities import entities
+from ..core.text import normalize
+from ..dsl.registry import predicate
+from .manifest import EFFECT_INTENT
 
 
 @predicate("user_asked")
@@ -63,8 +67,6 @@ def mentions(task: str, value: Any) -> bool:
 def asked_for(task: str, effect: str) -> bool:
     """Whether the user's task asks for an effect class (``destroys``, ``moves_money``, ...): one of the class's
     request words (``manifest.EFFECT_INTENT``, written once per class) occurs in the task."""
-    from .manifest import EFFECT_INTENT
-
     if not isinstance(task, str) or effect not in EFFECT_INTENT:
         return False
     return re.search(r"\b(?:" + EFFECT_INTENT[effect] + r")", task, flags=re.IGNORECASE) is not None
@@ -74,8 +76,6 @@ def asked_for(task: str, effect: str) -> bool:
 def named_by_user(task: str, value: Any) -> bool:
     """Whether the user's task names ``value``, compared in normalised form (case, whitespace, invisible
     characters, ``[at]``/``(dot)``), ignoring a URL scheme and ``www.``."""
-    from .responder import normalize
-
     if not isinstance(task, str) or not isinstance(value, str | int | float) or isinstance(value, bool):
         return False
     v = _bare(normalize(str(value)))
@@ -146,11 +146,8 @@ def touches_protected(value: Any, roots: Sequence[str]) -> bool:
 
 @predicate("unknown_entity")
 def unknown_entity(value: Any, task: str, known: Sequence[str]) -> bool:
-    """Whether ``value`` carries an address, link, domain or account (:func:`~icml26.air.manifest.entities`) that
+    """Whether ``value`` carries an address, link, domain or account (:func:`~icml26.air.core.entities.entities`) that
     the user's task does not name and that is not among the ``known`` parties (normalised)."""
-    from .manifest import entities
-    from .responder import normalize
-
     known = known if isinstance(known, list | tuple | set | frozenset) else ()     # unbound: nobody is known
     known_n = {normalize(k) for k in known if isinstance(k, str)}
     return any(not named_by_user(task, e) and e not in known_n for e in entities(value))
