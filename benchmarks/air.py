@@ -61,8 +61,8 @@ def agentdojo_workspace(rounds: int, generic: bool = False, named: bool = True
     from agentdojo.functions_runtime import FunctionsRuntime
     from agentdojo.task_suite.load_suites import get_suite
 
-    from icml26.air.integrations.agentdojo import BENCHMARK_VERSION, StateView, _fast_yaml, view
     from icml26.air.core import ToolCall
+    from icml26.air.integrations.agentdojo import BENCHMARK_VERSION, StateView, _fast_yaml, view
 
     _fast_yaml()  # the environment loads with libyaml's loader (outside the timing), as the adapter's evaluation
     suite = get_suite(BENCHMARK_VERSION, "workspace")
