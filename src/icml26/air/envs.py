@@ -1,43 +1,12 @@
 """``icml26.air.envs``: the embedded agent environments and their scenarios (:mod:`icml26.air.worlds.embedded`).
 
-Kept for the path documented before AIR was split into layers (README); it only re-exports, and no AIR
-module imports it.
+Kept for the path documented before AIR was split into layers (README): every name is looked up in the
+layer module that defines it (PEP 562), so nothing is listed twice; no AIR module imports this one.
 """
 
 from __future__ import annotations
 
-from .worlds.embedded import (
-    AGENT_TYPES,
-    EMAIL_FAMILIES,
-    FAMILIES,
-    HELD_OUT,
-    HOME,
-    HOUSEHOLD_FAMILIES,
-    N_VARIANTS,
-    SHELL_FAMILIES,
-    EmailEnv,
-    Env,
-    HouseholdEnv,
-    Scenario,
-    ShellEnv,
-    ToolError,
-    scenarios,
-)
+from .core.compat import forward
+from .worlds import embedded as _embedded
 
-__all__ = [
-    "AGENT_TYPES",
-    "EMAIL_FAMILIES",
-    "FAMILIES",
-    "HELD_OUT",
-    "HOME",
-    "HOUSEHOLD_FAMILIES",
-    "N_VARIANTS",
-    "SHELL_FAMILIES",
-    "EmailEnv",
-    "Env",
-    "HouseholdEnv",
-    "Scenario",
-    "ShellEnv",
-    "ToolError",
-    "scenarios",
-]
+__getattr__ = forward(__name__, _embedded)
