@@ -400,13 +400,13 @@ def _unit_ids_for(check: Check, series: list[list[list[float]]],
 
 
 def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None,
-                   keep_identical: bool = False) -> tuple[list[_Run], int]:
+                   keep_identical: bool = False) -> tuple[list[_Run], int, int]:
     """Merge units with the same id within a seed (their mean is the unit), then keep one copy of runs whose
     ids and values are identical (every run with ``keep_identical``: retrained runs that came out alike).
-    Returns the distinct runs and the number of merged duplicate units."""
+    Returns the runs, the number of merged duplicate units and the number of identical seeds kept."""
     runs: list[_Run] = []
     seen: set[tuple[Any, ...]] = set()
-    merged = 0
+    merged = kept = 0
     for g in range(len(series[0])):
         seed_ids = ids[g] if ids is not None else [f"#{g}:{i}" for i in range(len(series[0][g]))]
         order = list(dict.fromkeys(seed_ids))
@@ -425,11 +425,13 @@ def _distinct_runs(series: list[list[list[float]]], ids: list[list[str]] | None,
         # without ids, constant values (all 0, all 1) repeat by chance in fresh draws: only ids can say they
         # are the same units; non-constant vectors that repeat exactly are copies
         constant = all(len(set(v.tolist())) <= 1 for v in values)
-        if key in seen and (ids is not None or not constant) and not keep_identical:
-            continue
+        if key in seen and (ids is not None or not constant):
+            if not keep_identical:
+                continue
+            kept += 1
         seen.add(key)
         runs.append(_Run(tuple(order), tuple(values)))
-    return runs, merged
+    return runs, merged, kept
 
 
 def _unvarying_arms(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
@@ -505,7 +507,7 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
                         "within_duplicates": 0})
     ids = _unit_ids_for(check, series, unit_ids)
     keep, keep_note = _keep_identical(check, arms)
-    runs, merged = _distinct_runs(series, ids, keep)
+    runs, merged, kept = _distinct_runs(series, ids, keep)
     binary = all(set(np.unique(v).tolist()) <= {0.0, 1.0} for r in runs for v in r.values)
     procedure = check.procedure or ("binomial" if binary and check.combine != "/" else "t")
     if procedure == "binomial" and not binary:
@@ -516,8 +518,7 @@ def _evaluate_v3(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]
     n_total = int(sum(len(d) for d in paired))
     distinct = len({u for r in runs for u in r.ids}) if ids is not None else n_total
     crossed = ids is not None and distinct < n_total
-    kept = keep and len(_distinct_runs(series, ids)[0]) < len(runs)
-    desc = _v3_desc(check, series, runs, distinct, merged, ids is not None, crossed, kept)
+    desc = _v3_desc(check, series, runs, distinct, merged, ids is not None, crossed, kept > 0)
     g = len(runs)
     if n_total < 2:
         return _with_design(check._inconclusive("one paired unit gives no interval", desc, series),
@@ -650,7 +651,7 @@ def components(check: Check, arms: Mapping[str, Mapping[str, Mapping[str, Any]]]
         x = np.array([check._pair(series, g)[0] for g in range(len(series[0]))])
         return Components(0.0, float(x.var(ddof=1)) if len(x) > 1 else 0.0, len(x), 1.0, False)
     ids = _unit_ids_for(check, series, unit_ids)
-    runs, _ = _distinct_runs(series, ids, _keep_identical(check, arms)[0])
+    runs, _, _ = _distinct_runs(series, ids, _keep_identical(check, arms)[0])
     paired = check._pair_runs(runs)
     sizes = [len(d) for d in paired]
     within = float(np.mean([d.var(ddof=1) for d in paired if len(d) > 1])) if max(sizes) > 1 else 0.0
