@@ -8,28 +8,8 @@
 
 from __future__ import annotations
 
-from . import predicates
-from .manifest import (
-    AGENTDOJO,
-    EFFECT_INTENT,
-    EFFECTS,
-    EMBEDDED,
-    Inverse,
-    Manifest,
-    ToolSpec,
-    agentdojo_manifest,
-)
+from . import manifest, predicates
+from .manifest import *  # noqa: F403 (the names listed in manifest.__all__)
 from .rules import builtin_rules
 
-__all__ = [
-    "AGENTDOJO",
-    "EFFECTS",
-    "EFFECT_INTENT",
-    "EMBEDDED",
-    "Inverse",
-    "Manifest",
-    "ToolSpec",
-    "agentdojo_manifest",
-    "builtin_rules",
-    "predicates",
-]
+__all__ = [*manifest.__all__, "builtin_rules", "predicates"]
