@@ -190,6 +190,20 @@ def test_encoder_pretraining_makes_patch_tokens_readable(tok):
     assert not any(p.requires_grad for p in model.model.vision_tower.parameters())
 
 
+def test_encoder_pretraining_ignores_the_global_rng(tok):
+    """The same seed gives the same encoder whatever the process drew before (the cached lab encoder is keyed by
+    its seed alone, so a build that read the global RNG made one key name several different encoders)."""
+    def pretrained(global_seed):
+        model = build_vlm(tok, SMALL, SPEC, seed=6)
+        torch.manual_seed(global_seed)
+        tiny_vlm.pretrain_encoder(model, SPEC, steps=2, batch_size=8, seed=3)
+        return model.model.vision_tower.state_dict()
+
+    a, b = pretrained(1), pretrained(2)
+    for k, v in a.items():
+        torch.testing.assert_close(v, b[k], rtol=0, atol=0, msg=k)
+
+
 def test_save_from_pretrained_and_cache(tok, tmp_path, monkeypatch):
     monkeypatch.setenv("ICML26_CACHE", str(tmp_path / "cache"))
     model = build_vlm(tok, SMALL, SPEC, seed=7)

@@ -524,9 +524,10 @@ def pretrain_encoder(model: Any, scenes: SceneSpec, *, steps: int = 300, batch_s
     """
     tower = model.model.vision_tower
     width = tower.config.hidden_size
-    heads = torch.nn.Linear(width, 16 + scenes.n_patches)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        # built inside the seeded block: its bias draw is the seed's, not the process's RNG history
+        heads = torch.nn.Linear(width, 16 + scenes.n_patches)
         torch.nn.init.normal_(heads.weight, std=width**-0.5)
         params = [*tower.parameters(), *heads.parameters()]
         for p in params:
