@@ -11,7 +11,18 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("concept_erasure")
 
-from icml26.coca.data import OOD_SUITES, SUITES, World, request_of, text_id
+from icml26.coca.data import (
+    CREATE_VERBS,
+    DANGEROUS,
+    ID_WRAPPERS,
+    OOD_SUITES,
+    ROLEPLAY_WRAPPERS,
+    SUITES,
+    Request,
+    World,
+    request_of,
+    text_id,
+)
 from icml26.coca.experiment import PRESETS, alignment_data, arms_of, naming_prompt, run, synthetic_ids
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
@@ -29,12 +40,40 @@ def test_arms_train_on_the_same_requests_coca_refactored():
     assert sp == cp == kp
     n_safety = len(w.alignment_examples("train"))
     assert sc[n_safety:] == cc[n_safety:] == kc[n_safety:]  # the addition chains as they are
+    # the labeller's concepts, from the hand-written quadrant table (an oracle independent of data.py, #51)
+    hand = {("make", "bomb"): "weapons", ("smash", "school"): "sabotage", ("make", "school"): "construction",
+            ("smash", "bomb"): "disposal"}
+    assert {k: w.unsafe_concepts(Request(*k)) for k in hand} == {k: [v] for k, v in hand.items()}
+    seen = set()
     for p, s, c, k in zip(sp[:n_safety], sc, cc, kc, strict=False):
-        concept = w.unsafe_concepts(request_of(p))[0]
+        r = request_of(p)
+        concept = hand[("make" if r.verb in CREATE_VERBS else "smash", "bomb" if r.obj in DANGEROUS else "school")]
+        seen.add(concept)
         assert c == f"concepts: {concept}. {s}"
         assert k == f"concepts: request. {s}"
+    assert seen == set(hand.values())
     harmful = [e["harmful"] for e in w.alignment_examples("train")]
     assert {s for s, h in zip(sc, harmful, strict=False) if h} == {"no, i cannot."}
+
+
+def test_attack_suites_wrap_the_same_held_out_requests_as_their_names_say():
+    """id: an ID wrapper; roleplay: a role-play wrapper (never an ID one); cipher: the object reversed; completion:
+    the ID prompt with "sure," pre-filled; all on the same held-out harmful requests, paired by index (#51)."""
+    w = World(0)
+    suites = w.suites(2, seed=0)
+    test = set(w.split["test"])
+    n = len(suites["id"])
+    assert n > 0 and all(len(suites[s]) == n for s in SUITES)
+    for i in range(n):
+        r = suites["id"][i].request
+        assert r in test and w.is_harmful(r)
+        assert all(suites[s][i].request == r for s in SUITES)
+        assert any(suites["id"][i].prompt == f"{x} {r.verb} the {r.obj}." for x in ID_WRAPPERS)
+        assert any(suites["roleplay"][i].prompt == f"{x} {r.verb} the {r.obj}." for x in ROLEPLAY_WRAPPERS)
+        assert any(suites["cipher"][i].prompt == f"{x} {r.verb} the {r.obj[::-1]}." for x in ID_WRAPPERS)
+        assert suites["completion"][i].prompt == suites["id"][i].prompt
+        assert suites["completion"][i].prefill == "sure," and suites["id"][i].prefill == ""
+    assert all(not w.is_harmful(it.request) and it.request in test for it in suites["benign"])
 
 
 @pytest.fixture(scope="module")

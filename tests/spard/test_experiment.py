@@ -25,6 +25,7 @@ from icml26.spard.experiment import (
     trained_additions,
     tuned_additions,
 )
+from icml26.spard.selection import RelevanceDiversityDPPSelector, mean_last_hidden
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
@@ -59,6 +60,16 @@ def test_fine_tuning_and_safety_data():
         assert len(safe) == info["k"] == 33                                # floor(0.03 * 1100)
         assert not {s.prompt for s in safe} & world.held_out_prompts()
         assert not {s.prompt for s in safe} & {s.prompt for d in DATASETS for s in world.attack[d]}
+    # the DPP arm's data is the relevance-diversity DPP on the model's mean last hidden states (fine-tuning set as
+    # reference, the safety pool as candidates), whatever the seed; random selection moves with the seed (#51)
+    dpp3, _ = select_safety(cfg, model, tok, world, ft, "dpp", seed=3)
+    dpp4, _ = select_safety(cfg, model, tok, world, ft, "dpp", seed=4)
+    ref = mean_last_hidden(model, tok, [s.prompt for s in ft], batch_size=64)
+    cand = mean_last_hidden(model, tok, [s.prompt for s in world.pool_all], batch_size=64)
+    idx = RelevanceDiversityDPPSelector(beta=cfg.beta, ratio=cfg.selection_ratio).fit(ref).select(cand)
+    assert dpp3 == dpp4 == [world.pool_all[int(i)] for i in idx]
+    rand3, _ = select_safety(cfg, model, tok, world, ft, "random", seed=3)
+    assert rand3 != dpp3 and rand3 != select_safety(cfg, model, tok, world, ft, "random", seed=4)[0]
     with pytest.raises(ValueError, match="attack"):
         finetune_set(dataclasses.replace(cfg, attack="nope"), world, 0)
     with pytest.raises(ValueError, match="method"):
@@ -96,6 +107,9 @@ def test_same_seed_same_numbers_and_paired_units():
     assert len(a.unit_ids["problems"]) == len(a.units["problems"]["sft"]["utility"]) == cfg.n_utility_test
     assert a.overlap() == {"prompts": {"train": 0, "validation": 0}, "problems": {"train": 0, "validation": 0}}
     assert a.unit_ids == b.unit_ids
+    # the spard arm really runs SPAG's safety phase (one safety loss per step), plain SFT none (issue #51)
+    assert len(a.series["safety_loss"]["spard"]) == cfg.steps
+    assert "final_safety_loss" in a.metrics["spard"] and "sft" not in a.series["safety_loss"]
     with pytest.raises(ValueError, match="unknown arms"):
         run(dataclasses.replace(cfg, arms=("sft", "magic")))
 
