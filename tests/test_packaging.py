@@ -26,6 +26,23 @@ def test_every_paper_has_its_own_extra_and_cards_name_known_extras():
         assert paper_extra(p.slug) in p.extras, f"{p.slug}: its card should name its own extra"
 
 
+def test_shipped_files_reference_nothing_outside_the_repository():
+    """Docs, metadata and code name no path above the repository root (issue #45: `../shared/...` notes that a
+    reader of a clone or a wheel does not have). The card cross-check in test_registry may look for them."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for rel in tracked.split():
+        if rel.startswith("results/") or rel == "tests/test_registry.py" or rel == "tests/test_packaging.py":
+            continue
+        path = ROOT / rel
+        if path.suffix not in {".md", ".py", ".toml", ".cfg", ".txt", ".yml", ".yaml", ""} or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "../shared" in text:
+            offenders.append(rel)
+    assert offenders == []
+
+
 def test_torch_is_not_a_core_dependency():
     core = " ".join(PYPROJECT["project"]["dependencies"])
     assert "torch" not in core
