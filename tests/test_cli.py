@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,84 @@ def test_reproduce_refuses_to_replace_a_result_of_other_seeds(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds a result of seeds [7, 8]" in err and "--force" in err
     assert json.loads((target / "smoke.json").read_text()) == {"seeds": [7, 8]}  # untouched
+
+
+def test_air_proxy_missing_upstream_is_one_line(capsys, tmp_path):
+    """`icml26 air proxy -- /nonexistent` names the command in one line (it printed a traceback, exit 1); an
+    upstream that exits at once is one line too."""
+    import sys
+
+    pytest.importorskip("lark")
+    rules = tmp_path / "r.air"
+    rules.write_text('rule r on before_action(x) detect : call.args.a == "b" contain - block end\n')
+    assert main(["air", "proxy", "--rules", str(rules), "--", "/nonexistent", "--flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: upstream command not found: /nonexistent"]
+    pytest.importorskip("mcp")
+    assert main(["air", "proxy", "--rules", str(rules), "--", sys.executable, "-c", "pass"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and sys.executable in err, err
+
+
+HOSTILE_RULE_FILES = {  # name -> (bytes, line, column): each printed a traceback or must stay positioned
+    "control_char.air": (b'rule r on after_action(x)\ndetect : call.args.a == "a\x01b" contain - block end\n', 2, 27),
+    "tab_in_string.air": (b'rule r on after_action(x) detect : call.args.a == "a\tb" end\n', 1, 53),
+    "huge_number.air": (b"rule r on after_action(x) detect : call.args.a == " + b"9" * 5000 + b" end\n", 1, 51),
+    "bad_escape.air": (b'rule r on after_action(x) detect : call.args.a == "\\u12" end\n', 1, 52),
+    "huge_float.air": (b"rule r on after_action(x) detect : call.args.a == 1e999 end\n", 1, 51),
+    "deep_brackets.air": (b"rule r on after_action(x) detect : " + b"(" * 10_000 + b"call.a == 1 end\n", 1, 68),
+    "deep_not.air": (b"rule r on finish detect : " + b"not " * 5000 + b"call.a == 1 end\n", 1, None),
+    "unterminated.air": (b'rule r on finish detect : call.a == "abc\nend\n', 1, 37),
+    "bad_bytes.air": (b'rule r on finish\ndetect : call.a == "caf\xe9\xff" end\n', 2, 24),
+    "nul.air": (b"rule r on finish\x00 detect : call.a == 1 end\n", 1, 17),
+}
+
+
+def test_air_check_reports_hostile_files_as_file_line_column_never_a_traceback(tmp_path, capsys):
+    """`icml26 air check` on a control character in a string, a 5,000-digit number, deep nesting or bytes that
+    are not UTF-8: one `file:line:column: message` line each and exit 1 (the first four printed a traceback,
+    1e999 was accepted as infinity)."""
+    pytest.importorskip("lark")
+    for name, (data, line, col) in HOSTILE_RULE_FILES.items():
+        f = tmp_path / name
+        f.write_bytes(data)
+        assert main(["air", "check", str(f)]) == 1, name
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err and err == "", name
+        [printed] = out.strip().splitlines()
+        m = re.fullmatch(re.escape(str(f)) + r":(\d+):(\d+): (.+)", printed)
+        assert m and int(m[1]) == line and (col is None or int(m[2]) == col), printed
+    files = [str(tmp_path / n) for n in HOSTILE_RULE_FILES]
+    assert main(["air", "check", *files]) == 1      # all at once: one line per file
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [o.split(":", 1)[0] for o in out] == files
+
+
+def test_air_check_manifest_refuses_what_cannot_fire(tmp_path, capsys):
+    """`air check --manifest` reaches the manifest lint: a misspelt argument, state key or tool is an error
+    there and fine without it; a manifest that is neither a file nor a shipped name is a usage error."""
+    pytest.importorskip("lark")
+    f = tmp_path / "typos.air"
+    f.write_text('rule ok on after_action(email.send) detect : call.args.to != "" contain - block end\n'
+                 'rule bad_arg on after_action(email.send) detect : call.args.too != "" contain - block end\n'
+                 'rule bad_state on finish detect : state.inbxo == [] end\n'
+                 'rule bad_tool on after_action(email.sned) detect : call.name != "" contain - block end\n')
+    assert main(["air", "check", str(f)]) == 0
+    assert "ok (4 rules)" in capsys.readouterr().out
+    assert main(["air", "check", "--manifest", "email", str(f)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        f"{f}:2:1: rule bad_arg: call.args.too: no parameter 'too' in email.send (did you mean 'to'?)",
+        f"{f}:3:1: rule bad_state: state.inbxo: the state has no key 'inbxo' here (keys: calendar, contacts, "
+        "drive, forwarding, inbox, password, sent, trash, web) (did you mean 'inbox'?)",
+        f"{f}:4:1: rule bad_tool: trigger tool 'email.sned' matches no declared tool (did you mean 'email.send'?)",
+    ]
+    assert main(["air", "check", "--manifest", "nowhere", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no such manifest file, nor a shipped manifest: nowhere")
+    # a manifest file (the format of `air proxy --manifest`)
+    toml = tmp_path / "tools.toml"
+    toml.write_text('[tools."email.send"]\neffects = ["sends_out"]\ntargets = ["to"]\n')
+    assert main(["air", "check", "--manifest", str(toml), str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "rule bad_tool: trigger tool 'email.sned'" in out and "call.args.too" not in out  # args undeclared

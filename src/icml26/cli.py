@@ -122,10 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p_check.add_argument("--semantic", action="store_true",
                          help="a semantic(...) backend will be configured (else such checks are reported)")
+    p_check.add_argument("--manifest", default=None, metavar="FILE|NAME",
+                         help="tool manifest (TOML or JSON file, or a shipped one: shell, email, household, banking, "
+                              "slack, workspace, travel): refuse tools, call.args and state paths it does not declare")
     p_proxy = air_sub.add_parser("proxy", parents=[debug], help="an MCP server enforcing AIR rules in front of another MCP server: "
-                                 "icml26 air proxy --rules FILE -- COMMAND ARGS...")
-    p_proxy.add_argument("--rules", type=Path, required=True, help="AIR rule file")
-    p_proxy.add_argument("--task", default="", help="the user's task, for context rules")
+                                 "icml26 air proxy --rules FILE|NAME [--manifest FILE] -- COMMAND ARGS...")
+    p_proxy.add_argument("--rules", required=True, metavar="FILE|NAME",
+                         help="AIR rule file, or a rule set shipped with AIR (e.g. generic: needs --manifest)")
+    p_proxy.add_argument("--manifest", type=Path, default=None,
+                         help="tool manifest (TOML or JSON): effect classes, targets, inverse operations")
+    p_proxy.add_argument("--task", default="",
+                         help="the user's task until the client sends one (request _meta \"air/task\")")
+    p_proxy.add_argument("--state-uri", default=None, metavar="URI",
+                         help="upstream resource holding the state view as a JSON object (default: state://view "
+                              "when offered; given: required)")
     p_proxy.add_argument("--log", type=Path, default=None, help="append incidents as JSON lines here")
     _add_llm_options(p_proxy, "semantic(...) checks. ")
     p_proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... of the upstream server")
@@ -377,33 +387,44 @@ def _cmd_air(args: argparse.Namespace) -> int:
     from .common.optional import MissingExtraError
 
     try:
-        from . import air
+        from . import air  # noqa: F401  (the agents extra is installed)
     except MissingExtraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.air_command == "proxy":
-        command = [c for c in args.upstream if c != "--"] if args.upstream[:1] == ["--"] else args.upstream
-        if not command:
-            print("error: give the upstream server's command after --", file=sys.stderr)
-            return 2
-        if not args.rules.is_file():
-            print(f"error: no such rule file: {args.rules}", file=sys.stderr)
-            return 2
-        try:
-            from .air.integrations import mcp as air_mcp
-        except MissingExtraError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        from .air.llm import client_from_config
+        return _cmd_air_proxy(args)
+    return _cmd_air_check(args)
 
-        try:
-            llm = client_from_config(args.llm_endpoint, args.llm_model, args.llm_timeout)
-            return air_mcp.main(str(args.rules), command, args.task, str(args.log) if args.log else None, llm=llm)
-        except (ValueError, air.RuleSyntaxError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+
+def _check_manifest(spec: str) -> object:
+    """``air check --manifest``: a manifest file, or the name of a shipped one (ValueError: neither)."""
+    from .air.policy.manifest import AGENTDOJO, EMBEDDED
+
+    if Path(spec).is_file():
+        from .air.policy.manifest_file import load_manifest
+
+        return load_manifest(spec)
+    shipped = {**EMBEDDED, **AGENTDOJO}
+    if spec in shipped:
+        return shipped[spec]
+    raise ValueError(f"no such manifest file, nor a shipped manifest: {spec} (shipped: {', '.join(shipped)})")
+
+
+def _cmd_air_check(args: argparse.Namespace) -> int:
+    """``icml26 air check``: every problem as ``file:line:column: message`` (exit 1), never a traceback."""
+    from . import air
     from .air.dsl import RuleSchema, read_rule_text
 
+    debug = bool(getattr(args, "debug", False))
+    manifest = None
+    if args.manifest is not None:
+        try:
+            manifest = _check_manifest(args.manifest)
+        except (ValueError, OSError) as exc:
+            if debug:
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     problems = 0
     for path in args.files:
         if not path.is_file():
@@ -412,17 +433,58 @@ def _cmd_air(args: argparse.Namespace) -> int:
             continue
         try:
             text = read_rule_text(path)
+            diagnostics = air.lint(text, file=str(path), schema=RuleSchema(semantic=args.semantic),
+                                   manifest=manifest)
         except air.RuleSyntaxError as exc:
-            print(exc)
-            problems += 1
-            continue
-        diagnostics = air.lint(text, file=str(path), schema=RuleSchema(semantic=args.semantic))
+            diagnostics = [exc]
+        except OSError as exc:
+            diagnostics = [f"{path}:1:1: cannot read: {exc.strerror or exc}"]
+        except Exception as exc:  # a linter bug: still one positioned line (--debug: the traceback)
+            if debug:
+                raise
+            diagnostics = [f"{path}:1:1: internal error while checking: {type(exc).__name__}: {exc}"]
         for d in diagnostics:
             print(d)
         problems += len(diagnostics)
         if not diagnostics:
             print(f"{path}: ok ({len(air.parse(text, file=str(path)))} rules)")
     return 1 if problems else 0
+
+
+def _cmd_air_proxy(args: argparse.Namespace) -> int:
+    """``icml26 air proxy``: usage problems (no or missing upstream command, rules, manifest) are one line, exit 2."""
+    import shutil
+
+    from . import air
+    from .common.optional import MissingExtraError
+
+    command = [c for c in args.upstream if c != "--"] if args.upstream[:1] == ["--"] else args.upstream
+    if not command:
+        print("error: give the upstream server's command after --", file=sys.stderr)
+        return EXIT_USAGE
+    if shutil.which(command[0]) is None:
+        print(f"error: upstream command not found: {command[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.manifest is not None and not args.manifest.is_file():
+        print(f"error: no such manifest file: {args.manifest}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        from .air.integrations import mcp as air_mcp
+    except MissingExtraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from .air.llm import client_from_config
+
+    try:
+        llm = client_from_config(args.llm_endpoint, args.llm_model, args.llm_timeout)
+        return air_mcp.main(args.rules, command, args.task, str(args.log) if args.log else None, llm=llm,
+                            manifest=str(args.manifest) if args.manifest else None, state_uri=args.state_uri,
+                            debug=bool(getattr(args, "debug", False)))
+    except (ValueError, air.RuleSyntaxError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 COMMANDS = {"list": _cmd_list, "info": _cmd_info, "reproduce": _cmd_reproduce, "report": _cmd_report,

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("lark")
@@ -189,3 +189,58 @@ def test_a_missing_path_never_compares_true():
         flipped = parse(f'rule r on finish detect : "" {op} state.nope.x end')[0].detect[0]
         assert not ev(flipped, env), op
     assert ev(parse("rule r on finish detect : call.args.n != 4 end")[0].detect[0], env)  # present: it holds
+
+
+# ------------------------------------------------------- hostile text: positioned errors only (issue #48 item 3)
+_LIT = 'rule r on after_action(x) detect : call.args.a == {} contain - block end'   # the literal is at column 51
+
+
+@pytest.mark.parametrize(("text", "col", "message"), [
+    (_LIT.format('"a\x01b"'), 53, "control character '\\x01' in a string"),
+    (_LIT.format('"a\tb"'), 53, "control character '\\t' in a string"),
+    (_LIT.format('"a\\qb"'), 53, "bad escape in a string"),
+    (_LIT.format('"\\u12"'), 52, "bad escape in a string"),
+    (_LIT.format('"\\ud800"'), 51, "lone surrogate"),
+    (_LIT.format("9" * 5000), 51, "integer of 5000 digits exceeds the limit"),
+    (_LIT.format("-" + "9" * 5000), 51, "integer of 5000 digits exceeds the limit"),
+    (_LIT.format("1e999"), 51, "out of range"),
+    (_LIT.format("9" * 5000 + ".5"), 51, "out of range"),
+    ("rule r priority " + "9" * 5000 + " on finish detect : call.a == 1 end", 17, "integer of 5000 digits"),
+    ("rule r on finish detect : call.a == 1 eradicate max_predicates " + "7" * 4500 + " end", 64, "integer of 4500"),
+    (_LIT.format('"abc'), 51, "unterminated string"),
+])
+def test_hostile_literals_are_positioned_rule_syntax_errors(text, col, message):
+    """A control character in a string, a bad escape, a 5,000-digit number: a RuleSyntaxError at the literal
+    (they raised JSONDecodeError or Python's int-digits ValueError, and 1e999 was accepted as infinity)."""
+    with pytest.raises(RuleSyntaxError) as err:
+        parse(text, file="bad.air")
+    assert (err.value.file, err.value.line, err.value.column) == ("bad.air", 1, col)
+    assert message in err.value.detail
+    [d] = lint(text, file="bad.air")
+    assert (d.line, d.column) == (1, col) and message in d.message
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40) | st.text(alphabet="\x00\x01\x1f\t\\u\"d8e9+-.0", max_size=40))
+@example('"a\x01b"')
+@example("\\u12")
+@example("9" * 5000)
+@example("1e999")
+def test_any_literal_text_parses_or_is_a_positioned_error(body):
+    """Whatever stands where a literal goes (a string's insides, a number, anything): rules or a RuleSyntaxError
+    with a position, never another exception."""
+    for text in (_LIT.format(f'"{body}"'), _LIT.format(body)):
+        try:
+            parse(text)
+        except RuleSyntaxError as exc:
+            assert exc.line >= 1 and exc.column >= 1, (text, exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet='ruledtcnowhafi_.:()[]"=!<>-| \n\\0123abc\x00\x01\t\x7f\u2028e9', max_size=160))
+@example('rule r on finish detect : call.a == "\x01" end')
+def test_parser_fuzz_with_control_characters_never_crashes(text):
+    try:
+        parse(text)
+    except RuleSyntaxError as exc:
+        assert exc.line >= 0 and exc.column >= 0

@@ -4,7 +4,7 @@ import pytest
 
 from icml26.air import builtin_rules
 from icml26.air.core import ToolCall
-from icml26.air.dsl import Evaluator, RuleSyntaxError, lint, parse
+from icml26.air.dsl import Evaluator, RuleSchema, RuleSyntaxError, lint, parse
 from icml26.air.policy.manifest import AGENTDOJO, EMBEDDED, Inverse, Manifest, ToolSpec, agentdojo_manifest
 from icml26.air.runtime import DictState, IncidentResponder
 
@@ -57,6 +57,7 @@ def test_manifest_declarations_cover_every_agentdojo_tool():
         assert set(manifest.tools) == set(tools), suite
         for name, spec in manifest.tools.items():
             assert set(spec.targets) | set(spec.content) <= tools[name], (suite, name)
+            assert spec.args is not None and set(spec.args) == tools[name], (suite, name)  # every parameter
             if spec.inverse is not None:
                 assert spec.inverse.tool in tools, (suite, name)
 
@@ -261,3 +262,106 @@ def test_summaries_split_held_out_user_tasks_wordings_and_families():
         out["blocked_heldout_families"],
     ) == (4, 1.0, 0.0, 1.0)
     assert "recovered_sr" not in out  # no reversible incident: left out, not NaN
+
+
+# ------------------------------------------------- lint against the manifest: what cannot fire (issue #48 item 3)
+_TYPOS = [  # (rule text, what the error must name) on the email environment's manifest
+    ('rule share_typo on after_action(drive.share_file)\ndetect : call.args.emial != ""\ncontain - block end',
+     ["rule share_typo", "call.args.emial", "'emial'", "drive.share_file", "did you mean 'email'"]),
+    ('rule r on after_action(drive.share_file) detect : call.args["emial"] != "" contain - block end',
+     ["rule r", "'emial'", "did you mean 'email'"]),
+    ('rule inbox_typo on after_action(email.delete)\ndetect : state.inbxo == []\ncontain - block end',
+     ["rule inbox_typo", "state.inbxo", "'inbxo'", "did you mean 'inbox'"]),
+    ('rule pw on after_action(account.change_password)\ndetect : snap.pre_step.pasword != state.password end',
+     ["rule pw", "snap.pre_step.pasword", "did you mean 'password'"]),
+    ('rule send_typo on after_action(email.sned)\ndetect : call.args.to != ""\ncontain - block end',
+     ["rule send_typo", "trigger tool 'email.sned'", "did you mean 'email.send'"]),
+    ('rule glob_typo on before_action(emial.*)\ndetect : call.name != ""\ncontain - block end',
+     ["rule glob_typo", "trigger pattern 'emial.*'", "matches no declared tool"]),
+    ('rule rec on after_action(drive.share_file) detect : call.args.email != ""\n'
+     'recover - drive.unshar(file_id=call.args.file_id, email=call.args.email) end',
+     ["rule rec", "drive.unshar(...)", "did you mean 'drive.unshare'"]),
+    ('rule rec on after_action(drive.share_file) detect : call.args.email != ""\n'
+     'recover - drive.unshare(fileid=call.args.file_id, email=call.args.email) end',
+     ["rule rec", "drive.unshare(fileid=...)", "did you mean 'file_id'"]),
+]
+
+
+@pytest.mark.parametrize(("text", "names"), _TYPOS)
+def test_a_typo_that_cannot_fire_is_refused_with_a_manifest_and_accepted_without(text, names):
+    """A misspelt argument, state key or tool never matches, so the rule silently never fires: with a manifest it
+    is refused when the rules are loaded, naming the rule, the name and the closest declared one."""
+    m = EMBEDDED["email"]
+    [d] = lint(text, file="r.air", manifest=m)
+    assert (d.file, d.line, d.column) == ("r.air", 1, 1)
+    for name in names:
+        assert name in d.message, (name, d.message)
+    with pytest.raises(RuleSyntaxError) as err:
+        parse(text, file="r.air", manifest=m)
+    assert err.value.detail == d.message and err.value.line == 1
+    with pytest.raises(RuleSyntaxError) as err:          # a responder given the manifest refuses it too
+        IncidentResponder(parse(text), DictState({}), manifest=m)
+    assert err.value.detail == d.message
+    assert lint(text) == [] and len(parse(text)) == 1   # without a manifest: today's behaviour
+
+
+def test_argument_checks_follow_the_trigger_patterns():
+    """An argument is unknown only when no tool the trigger can match declares it; after_action(*) matches all."""
+    m = EMBEDDED["email"]
+
+    def problems(trigger, arg):
+        return [d.message for d in lint(f'rule r on {trigger} detect : call.args.{arg} != "" contain - block end',
+                                        manifest=m)]
+
+    assert problems("after_action(*)", "email") == []                       # some tool takes it
+    assert problems("after_action", "to") == []                             # no pattern: every tool
+    assert problems("after_action(email.send | drive.share_file)", "file_id") == []
+    assert problems("state_change(drive.*)", "public") == []
+    assert "in any of the 15 tools the trigger matches" in problems("after_action(*)", "too")[0]
+    assert problems("after_action(email.*)", "file_id") == [
+        "rule r: call.args.file_id: no parameter 'file_id' in any of the 7 tools the trigger matches"]
+    assert problems("before_action(email.send | web.get)", "urll") == [
+        "rule r: call.args.urll: no parameter 'urll' in web.get, email.send (did you mean 'url'?)"]
+    assert problems("finish", "anything") == []                             # no call at finish: nothing to check
+
+
+def test_what_a_manifest_does_not_declare_is_not_refused():
+    """A tool without declared ``args`` and a manifest without ``state`` refuse nothing there; tool names still."""
+    m = Manifest({"read": ToolSpec({"reads_untrusted"}), "send": ToolSpec({"sends_out"}, targets=("to",),
+                                                                          args=("to", "body"))})
+    ok = 'rule r on after_action(read | send) detect : call.args.anything != "" : state.whatever == 1 end'
+    assert lint(ok, manifest=m) == []
+    assert "no parameter 'bdy' in send (did you mean 'body'?)" in lint(
+        'rule r on after_action(send) detect : call.args.bdy != "" end', manifest=m)[0].message
+    assert "trigger tool 'raed'" in lint('rule r on after_action(raed) detect : call.args.x != "" end',
+                                         manifest=m)[0].message
+    with pytest.raises(ValueError, match="not among args"):
+        ToolSpec({"sends_out"}, targets=("to",), args=("body",))
+    with pytest.raises(TypeError, match="state"):
+        Manifest({}, state="inbox")
+
+
+SHIPPED_PAIRS = [("generic", m) for m in [*EMBEDDED, *AGENTDOJO]] + [
+    (f"{p}{t}", t) for t in EMBEDDED for p in ("", "prevent_")] + [
+    ("agentdojo_banking", "banking"), ("agentdojo_slack", "slack")]
+
+
+@pytest.mark.parametrize(("rules", "manifest"), SHIPPED_PAIRS)
+def test_shipped_rule_files_load_with_their_manifests(rules, manifest):
+    from pathlib import Path
+
+    import icml26.air
+
+    m = {**EMBEDDED, **AGENTDOJO}[manifest]
+    text = (Path(icml26.air.__file__).parent / "rules" / f"{rules}.air").read_text()
+    assert lint(text, manifest=m, schema=RuleSchema(semantic=True)) == []
+    assert parse(text, manifest=m) == builtin_rules(rules)
+
+
+def test_embedded_manifests_declare_the_environments_tools_arguments_and_state():
+    for agent_type, m in EMBEDDED.items():
+        env = _env(agent_type)
+        assert {t: s.args for t, s in m.tools.items()} == dict(env.schema().tools), agent_type
+        assert set(m.state) == set(env.view()), agent_type
+    for suite, m in AGENTDOJO.items():
+        assert all(s.args is not None for s in m.tools.values()) and m.state is None, suite

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .regex import compile_regex, findall_utf8, spans_utf8
@@ -26,6 +29,37 @@ _ENTITY = (
     r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
 )
 MAX_ENTITY_SCAN = 1_000_000
+# one tool output, all its strings together (issue #48 item 2): the responder scans at most this much of it and
+# records the rest as not read. Far above what the embedded worlds and AgentDojo's suites return (tens of KB, a few
+# thousand values); a 650 KB page or a 300k-row listing is cut here instead of stalling the agent.
+MAX_OUTPUT_CHARS = 262_144       # characters scanned per output
+MAX_OUTPUT_ITEMS = 50_000        # values (strings, containers, numbers) walked per output
+
+
+@dataclass
+class ScanLimits:
+    """What one :func:`scan_output` may read: ``chars`` characters and ``items`` values in all, until ``deadline``
+    (a ``time.perf_counter()`` value; None: none). The scan spends them; ``truncated`` then says why it stopped
+    before the end ("": it read everything) and ``timed_out`` whether the deadline stopped it.
+
+    Example:
+        >>> limits = ScanLimits(chars=20)
+        >>> sorted(scan_output(["mail eve@evil.io", "and bob@corp.com"], limits=limits)[1]), limits.truncated
+        (['eve@evil.io'], 'stopped at 20 characters')
+    """
+
+    chars: int = MAX_OUTPUT_CHARS
+    items: int = MAX_OUTPUT_ITEMS
+    deadline: float | None = None
+    truncated: str = ""
+    timed_out: bool = False
+
+    def __post_init__(self) -> None:
+        self._caps = (self.chars, self.items)
+
+    def _stop(self, why: str, timed_out: bool = False) -> None:
+        self.truncated = self.truncated or why
+        self.timed_out = self.timed_out or timed_out
 
 
 def _strings_walked(value: Any, per_string: Callable[[str], set[str]]) -> set[str]:
@@ -180,16 +214,45 @@ def tainted_strings(value: Any) -> set[str]:
     return scan_output(value)[0]
 
 
-def scan_output(value: Any, named: bool = True) -> tuple[set[str], set[str]]:
+def scan_output(value: Any, named: bool = True, *, limits: ScanLimits | None = None) -> tuple[set[str], set[str]]:
     """``(tainted_strings(value), instruction_strings(value))`` in one walk: each string is de-obfuscated once and
     scanned once per pattern (the hook's cost on a large tool output, issue #36 item 7); ``named=False`` leaves
-    out the :func:`named_entities`."""
+    out the :func:`named_entities`. With ``limits`` (:class:`ScanLimits`) the walk reads at most so many values
+    and characters, and no further once the deadline has passed (checked between values); what was read is
+    returned and ``limits.truncated`` says where it stopped."""
     same_cap = MAX_ENTITY_SCAN == MAX_SCAN_CHARS         # then one de-obfuscated string serves both
     out: set[str] = set()
     found: set[str] = set()
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         v, is_key = stack.pop()
+        if limits is not None:
+            if limits.items <= 0:
+                limits._stop(f"stopped at {limits._caps[1]} values")
+                break
+            if limits.deadline is not None and time.perf_counter() > limits.deadline:
+                limits._stop("stopped at the hook's time budget", timed_out=True)
+                break
+            limits.items -= 1
+            if isinstance(v, str):
+                if limits.chars <= 0:
+                    limits._stop(f"stopped at {limits._caps[0]} characters")
+                    break
+                if len(v) > limits.chars:
+                    limits._stop(f"stopped at {limits._caps[0]} characters")
+                    v = v[:limits.chars]
+                limits.chars -= len(v)
+            elif isinstance(v, Mapping | list | tuple | set):     # no more children than values left to read
+                room = max(limits.items - len(stack), 0)
+                if len(v) > room:
+                    limits._stop(f"stopped at {limits._caps[1]} values")
+                # pushed in reverse, so the output is read from its start (a cut keeps its first values)
+                if isinstance(v, Mapping):
+                    keys = [(k, True) for k in itertools.islice(v, room) if isinstance(k, str)]
+                    stack += (keys + [(c, False) for c in itertools.islice(v.values(), room)])[::-1]
+                else:
+                    stack += [(c, False) for c in itertools.islice(v, room)][::-1]
+                continue
         if isinstance(v, str):
             d = deobfuscate(v[:MAX_SCAN_CHARS])
             out.update(normalize(m.rstrip(".,;:!?)]}>\"'`")) for m in findall_utf8(_TAINT, d))

@@ -50,7 +50,7 @@ from __future__ import annotations
 from ..core.errors import CheckError, RuleSyntaxError
 from ..core.regex import MAX_REGEX_CHARS, compile_regex, findall_utf8, spans_utf8
 from .evaluator import MAX_QUANT_ITEMS, MISSING, Evaluator, resolve
-from .lint import BOUND_FIELDS, Diagnostic, RuleSchema, lint, schema_errors
+from .lint import BOUND_FIELDS, Diagnostic, RuleSchema, lint, schema_errors, with_manifest
 from .nodes import (
     ENFORCEMENTS,
     PHASES,
@@ -75,13 +75,23 @@ from .nodes import (
     mentions_root,
     rule_text,
 )
-from .parser import GRAMMAR, MAX_NESTING, MAX_TEXT_CHARS, MAX_TREE_DEPTH, load, parse, read_rule_text
+from .parser import (
+    GRAMMAR,
+    MAX_INT_DIGITS,
+    MAX_NESTING,
+    MAX_TEXT_CHARS,
+    MAX_TREE_DEPTH,
+    load,
+    parse,
+    read_rule_text,
+)
 from .registry import predicate, registered_predicates
 
 __all__ = [
     "BOUND_FIELDS",
     "ENFORCEMENTS",
     "GRAMMAR",
+    "MAX_INT_DIGITS",
     "MAX_NESTING",
     "MAX_QUANT_ITEMS",
     "MAX_REGEX_CHARS",
@@ -125,4 +135,5 @@ __all__ = [
     "rule_text",
     "schema_errors",
     "spans_utf8",
+    "with_manifest",
 ]

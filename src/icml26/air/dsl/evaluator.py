@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import CheckError
+from ..core.records import safe_json, safe_str
 from ..core.regex import compile_regex
 from .nodes import QUANTIFIERS, Cond, ListExpr, Lit, Path_, PredicateDef
 from .registry import _PREDICATES
@@ -61,7 +61,8 @@ _CMP: dict[str, Callable[[Any, Any], bool]] = {
 
 @dataclass
 class Evaluator:
-    """Evaluates conditions; ``semantic`` is called for ``semantic(...)`` checks (None: they are False)."""
+    """Evaluates conditions; ``semantic`` is called for ``semantic(...)`` checks. A check it cannot decide raises
+    :class:`CheckError`: no backend, or an answer that is not a boolean (:func:`is_boolean`; None is no answer)."""
 
     macros: Mapping[str, PredicateDef] = field(default_factory=dict)
     semantic: Callable[[str, list[Any], Mapping[str, Any]], bool] | None = None
@@ -82,12 +83,12 @@ class Evaluator:
             try:
                 return bool(_CMP[c.cmp](a, b))
             except TypeError:
-                self.errors.append(f"cannot compare {a!r} {c.cmp} {b!r}")
+                self.errors.append(f"cannot compare {_shown(a)} {c.cmp} {_shown(b)}")
                 return False
         if op == "matches":
             v = resolve(c.args[0], env)
             return v is not MISSING and compile_regex(c.args[1].value).search(
-                v if isinstance(v, str) else json.dumps(v, default=str)) is not None
+                v if isinstance(v, str) else safe_json(v)) is not None
         if op == "in":
             a, b = resolve(c.args[0], env), resolve(c.args[1], env)
             if a is MISSING or b is MISSING:
@@ -112,7 +113,11 @@ class Evaluator:
             if self.semantic is None:
                 raise CheckError("semantic(...) check with no semantic backend configured")
             args = [resolve(a, env) for a in c.args[1:]]
-            return bool(self.semantic(c.args[0].value, args, env))
+            answer = self.semantic(c.args[0].value, args, env)
+            if not is_boolean(answer):         # None or "no" is no answer: an error (the rule's fail policy)
+                raise CheckError(f"the semantic backend answered {type(answer).__name__} {_shown(answer)}, "
+                                 "not a boolean")
+            return bool(answer)
         if op == "pred":
             name, args = c.args[0], [resolve(a, env) for a in c.args[1:]]
             if name in self.macros:
@@ -133,6 +138,28 @@ class Evaluator:
                 self.errors.append(f"predicate {name} raised {type(exc).__name__}: {exc}")
                 return False
         raise ValueError(f"unknown condition {op!r}")
+
+
+def is_boolean(value: Any) -> bool:
+    """Whether ``value`` is a boolean: ``True``/``False`` or NumPy's ``bool_`` (what a backend computing
+    ``similarity < threshold`` on arrays returns), never a truthy string, number or None.
+
+    Example:
+        >>> is_boolean(False), is_boolean(None), is_boolean("yes"), is_boolean(1)
+        (True, False, False, False)
+    """
+    t = type(value)
+    return t is bool or (t.__name__ == "bool" and t.__module__ == "numpy") or (
+        t.__name__ == "bool_" and t.__module__ == "numpy")
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, never raising (a huge integer, a hostile ``__repr__``)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = safe_str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _items(coll: Any) -> list[Any] | None:

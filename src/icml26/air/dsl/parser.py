@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import RuleSyntaxError
 from ..core.regex import compile_regex
-from .checks import _semantic_errors
+from .checks import RuleSchema, _semantic_errors, schema_errors, with_manifest
 from .nodes import ROOTS, Action, Cond, Eradicate, ListExpr, Lit, Path_, PredicateDef, Rule, RuleSet, Trigger
 
 GRAMMAR = r"""
@@ -149,8 +150,48 @@ def _parser() -> Any:
     return _PARSER
 
 
-def _unquote(token: str) -> str:
-    return json.loads(token) if token.startswith('"') else token
+def _unquote(token: Any, file: str = "<rules>") -> str:
+    """A string token's value (JSON escapes); a control character, a bad escape or a lone surrogate in it is a
+    positioned :class:`RuleSyntaxError` at the token."""
+    text = str(token)
+    if not text.startswith('"'):
+        return text
+    line, column = getattr(token, "line", 0) or 0, getattr(token, "column", 0) or 0
+    try:
+        value = json.loads(text)
+    except ValueError as exc:   # json.JSONDecodeError: exc.pos is the offset inside the token (no newline in it)
+        pos = getattr(exc, "pos", 0) or 0
+        bad = text[pos] if pos < len(text) else ""
+        if bad != "\\" and text[pos - 1:pos] == "\\":     # a bad escape: at its backslash
+            pos, bad = pos - 1, "\\"
+        what = (f"control character {bad!r} in a string (write it as an escape, e.g. \\t or \\u0001)"
+                if bad and ord(bad) < 0x20 else f"bad escape in a string: {exc.msg}")
+        raise RuleSyntaxError(what, file=file, line=line, column=column + pos) from None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RuleSyntaxError(f"string holds a lone surrogate (U+{ord(value[exc.start]):04X}), not valid Unicode",
+                              file=file, line=line, column=column) from None
+    return value
+
+
+MAX_INT_DIGITS = 4000           # an integer literal with more digits is refused (Python's own limit is 4300)
+
+
+def _number(token: Any, file: str, *, integer: bool = False) -> int | float:
+    """A number token's value: an integer of at most :data:`MAX_INT_DIGITS` digits or a finite float."""
+    s = str(token)
+    where = {"file": file, "line": getattr(token, "line", 0) or 0, "column": getattr(token, "column", 0) or 0}
+    if integer or not any(ch in s for ch in ".eE"):
+        digits = len(s.lstrip("+-"))
+        if digits > MAX_INT_DIGITS:
+            raise RuleSyntaxError(f"integer of {digits} digits exceeds the limit of {MAX_INT_DIGITS}", **where)
+        return int(s)
+    value = float(s)
+    if not math.isfinite(value):
+        raise RuleSyntaxError(f"number {s[:40]}{'...' if len(s) > 40 else ''} is out of range (not a finite float)",
+                              **where)
+    return value
 
 
 def _build(tree: Any, file: str) -> RuleSet:
@@ -166,10 +207,9 @@ def _build(tree: Any, file: str) -> RuleSet:
                 parts.append(str(c) if isinstance(c, Token) else expr(c))
             return Path_(root, tuple(parts))
         if d == "string":
-            return Lit(_unquote(str(t.children[0])))
+            return Lit(_unquote(t.children[0], file))
         if d == "number":
-            s = str(t.children[0])
-            return Lit(float(s) if any(ch in s for ch in ".eE") else int(s))
+            return Lit(_number(t.children[0], file))
         if d in ("true", "false", "null"):
             return Lit({"true": True, "false": False, "null": None}[d])
         if d == "list":
@@ -187,7 +227,7 @@ def _build(tree: Any, file: str) -> RuleSet:
         if d == "compare":
             return Cond("compare", (expr(t.children[0]), expr(t.children[2])), cmp=str(t.children[1]))
         if d == "matches":
-            pattern = _unquote(str(t.children[1]))
+            pattern = _unquote(t.children[1], file)
             try:
                 compile_regex(pattern)
             except ValueError as exc:
@@ -198,7 +238,7 @@ def _build(tree: Any, file: str) -> RuleSet:
         if d == "in_":
             return Cond("in", (expr(t.children[0]), expr(t.children[1])))
         if d == "semantic":
-            return Cond("semantic", (Lit(_unquote(str(t.children[0]))), *(expr(c) for c in t.children[1:])))
+            return Cond("semantic", (Lit(_unquote(t.children[0], file)), *(expr(c) for c in t.children[1:])))
         if d == "quantifier":
             var = str(t.children[1])
             if var in ROOTS:
@@ -218,7 +258,7 @@ def _build(tree: Any, file: str) -> RuleSet:
         if t.data == "enforce":
             return Action(str(t.children[0]))
         if t.data == "guide":
-            return Action("guide", text=_unquote(str(t.children[0])))
+            return Action("guide", text=_unquote(t.children[0], file))
         kwargs = tuple((str(k.children[0]), expr(k.children[1])) for k in t.children[1:] if k is not None)
         return Action("tool", tool=str(t.children[0]), kwargs=kwargs)
 
@@ -238,7 +278,7 @@ def _build(tree: Any, file: str) -> RuleSet:
             if d == "severity":
                 kw["severity"] = str(part.children[0])
             elif d == "priority":
-                kw["priority"] = int(part.children[0])
+                kw["priority"] = _number(part.children[0], file, integer=True)
             elif d == "tags":
                 tags += [str(c) for c in part.children if c is not None]
             elif d == "fail":
@@ -271,7 +311,7 @@ def _build(tree: Any, file: str) -> RuleSet:
                     elif opt.data == "validate":
                         e["validate_on"] = str(opt.children[0])
                     elif opt.data == "max_predicates":
-                        e["max_predicates"] = int(opt.children[0])
+                        e["max_predicates"] = _number(opt.children[0], file, integer=True)
                 kw["eradicate"] = Eradicate(**e)
         kw["tags"] = tuple(tags)
         rules.append(Rule(**kw))
@@ -287,8 +327,13 @@ def _expected(exc: Any) -> str:
     return ", ".join(dict.fromkeys(shown)) or "something else"
 
 
-def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
-    """Parse rule text. ``check`` also validates names, predicates, paths and regexes (see :func:`lint`).
+def parse(text: str, *, file: str = "<rules>", check: bool = True, manifest: Any = None) -> RuleSet:
+    """Parse rule text. ``check`` also validates names, predicates, paths and regexes (see :func:`lint`); with a
+    tool ``manifest`` (:class:`~icml26.air.policy.manifest.Manifest`) it also refuses what cannot fire: trigger
+    and contain/recover tools the manifest does not declare, ``call.args.X`` that no tool the trigger matches
+    declares, and ``state.X`` outside the state keys it declares (see :func:`~icml26.air.dsl.lint.lint`).
+
+    Any text gives a :class:`RuleSyntaxError` or rules, never another exception.
 
     Raises:
         RuleSyntaxError: with file, line, column and what was expected.
@@ -305,8 +350,10 @@ def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
         raise RuleSyntaxError(f"unexpected {found}; expected {_expected(exc)}", file=file, line=exc.line,
                               column=exc.column) from None
     except UnexpectedCharacters as exc:
-        raise RuleSyntaxError(f"unexpected character {text[exc.pos_in_stream]!r}; expected {_expected(exc)}",
-                              file=file, line=exc.line, column=exc.column) from None
+        ch = text[exc.pos_in_stream]
+        what = ("unterminated string (a string ends with \" on its own line)" if ch == '"' else
+                f"unexpected character {ch!r}; expected {_expected(exc)}")
+        raise RuleSyntaxError(what, file=file, line=exc.line, column=exc.column) from None
     except UnexpectedEOF as exc:
         raise RuleSyntaxError(f"unexpected end of file; expected {_expected(exc)}", file=file,
                               line=text.count("\n") + 1, column=0) from None
@@ -320,6 +367,8 @@ def parse(text: str, *, file: str = "<rules>", check: bool = True) -> RuleSet:
         raise RuleSyntaxError("rule nested too deeply", file=file, line=1, column=1) from None
     if check:
         problems = _semantic_errors(rules)
+        if manifest is not None:   # whether a semantic(...) backend will be configured is not the file's concern
+            problems += schema_errors(rules, with_manifest(RuleSchema(semantic=True), manifest))
         if problems:
             line, message = problems[0]
             raise RuleSyntaxError(message, file=file, line=line, column=1)
@@ -344,5 +393,5 @@ def read_rule_text(path: str | Path) -> str:
 
 
 def load(path: str | Path, **kwargs: Any) -> RuleSet:
-    """Parse a rule file (keyword arguments go to :func:`parse`)."""
+    """Parse a rule file (keyword arguments go to :func:`parse`, ``manifest=`` among them)."""
     return parse(read_rule_text(path), file=str(path), **kwargs)

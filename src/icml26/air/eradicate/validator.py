@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.errors import CheckError, RuleSyntaxError
-from ..core.records import Incident, TraceStep
+from ..core.records import Incident, TraceStep, safe_str
 from ..dsl import Evaluator, Rule, count_predicates, parse
 from ..runtime.containment import pre_action_env, replay
 
@@ -57,8 +57,9 @@ class RuleValidator:
             if not replay([TraceStep(env["call"], env["state"], env["ctx"])], [rule], evaluator):
                 return ValidationResult(False, "does not fire on the incident's replay")
             fp = self.fp_rate(rule, evaluator)
-        except CheckError as exc:
-            return ValidationResult(False, f"a check cannot be decided: {exc}")
+        except Exception as exc:      # CheckError, or whatever a backend or predicate raised: not accepted
+            kind = "" if isinstance(exc, CheckError) else f"{type(exc).__name__}: "
+            return ValidationResult(False, f"a check cannot be decided: {kind}{safe_str(exc)}")
         if fp > self.fp_threshold:
             return ValidationResult(False, f"fires on {fp:.0%} of benign traces (> {self.fp_threshold:.0%})", fp)
         return ValidationResult(True, "accepted", fp)

@@ -3,6 +3,18 @@
 - :class:`AIRToolsExecutor`: a drop-in for AgentDojo's ``ToolsExecutor`` that runs every tool call between
   ``before_action`` and ``after_action`` (a block answers with an error tool result; a stop aborts the run with
   AgentDojo's ``AbortAgentError``; direct recovery calls the suite's own functions on the same environment).
+- :class:`AIRToolsExecutionLoop`: a drop-in for AgentDojo's ``ToolsExecutionLoop`` that finishes the episode of
+  every :class:`AIRToolsExecutor` among its elements when the loop ends (returns or aborts): the end of the task
+  run, so end-of-episode rules and eradication run without the harness calling ``finish()``::
+
+      AgentPipeline([SystemMessage(...), InitQuery(), llm,
+                     AIRToolsExecutionLoop([AIRToolsExecutor(responder), llm])])
+
+An episode is one task run: it begins at the run's first tool calls (the task is the run's query) and is finished
+once, by :meth:`AIRToolsExecutor.finish` (which the loop calls; calling it again does nothing). An executor reused
+for the next task run (one pipeline for a whole benchmark) also finishes a run's episode left open when the next
+run begins. Finish through the executor, never with ``responder.finish()`` as well: that would run the
+end-of-episode rules twice.
 
 The AIR state view is the environment's ``model_dump()`` with ``<list>_by_id`` maps added for lists of records
 with an ``id`` (so rules can name a scheduled transaction by id); the adapter builds it with :class:`StateView`,
@@ -16,6 +28,8 @@ part of the adapter: it lives in the worlds layer (:mod:`icml26.air.worlds.agent
 Example:
     >>> AIRToolsExecutor(None).name
     'air-tools-executor'
+    >>> AIRToolsExecutor(None).finish()
+    []
 """
 
 from __future__ import annotations
@@ -32,7 +46,8 @@ requires("agentdojo", extra="agents-dojo", purpose="the AgentDojo integration")
 
 from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement  # noqa: E402
 from agentdojo.agent_pipeline.errors import AbortAgentError  # noqa: E402
-from agentdojo.agent_pipeline.tool_execution import tool_result_to_str  # noqa: E402
+from agentdojo.agent_pipeline.tool_execution import ToolsExecutionLoop, tool_result_to_str  # noqa: E402
+from agentdojo.functions_runtime import EmptyEnv  # noqa: E402
 from agentdojo.types import ChatToolResultMessage, text_content_block_from_string  # noqa: E402
 
 BENCHMARK_VERSION = "v1.2.1"
@@ -207,7 +222,12 @@ def _content(text: str) -> list[Any]:
 
 
 class AIRToolsExecutor(BasePipelineElement):
-    """AgentDojo's tool executor with AIR around every call (see the module docstring)."""
+    """AgentDojo's tool executor with AIR around every call (see the module docstring).
+
+    Attributes:
+        calls: ``(function, args as JSON, executed, incidents so far)`` per tool call.
+        episode_open: whether an episode this executor began is not finished yet.
+    """
 
     name = "air-tools-executor"
 
@@ -215,7 +235,16 @@ class AIRToolsExecutor(BasePipelineElement):
         self.responder = responder
         self._env_id: int | None = None
         self._view: StateView | None = None
+        self.episode_open = False
         self.calls: list[tuple[str, str, bool, int]] = []  # (function, args, executed, incidents so far)
+
+    def finish(self) -> list[Any]:
+        """End the open episode (end-of-episode rules, eradication) once; its incidents ([] when none is open).
+        The next tool calls begin a new episode, even on the same environment object."""
+        if not self.episode_open or self.responder is None:
+            return []
+        self.episode_open, self._env_id = False, None
+        return self.responder.finish()
 
     def query(self, query: str, runtime: Any, env: Any = None, messages: Sequence[Any] = (),
               extra_args: dict | None = None) -> tuple[str, Any, Any, Sequence[Any], dict]:
@@ -224,6 +253,7 @@ class AIRToolsExecutor(BasePipelineElement):
             return query, runtime, env, messages, extra_args
         air = self.responder
         if air is not None and self._env_id != id(env):
+            self.finish()                      # a new task run: the previous run's episode ends (once)
             self._env_id = id(env)
             # view() builds a new dict (no deep copy); the environment changes only through the tool calls AIR
             # sees (the agent's and AIR's recovery calls), so one dump per call serves every hook (copy-on-write)
@@ -240,6 +270,7 @@ class AIRToolsExecutor(BasePipelineElement):
                 return result
 
             air.begin(query, executor=execute)
+            self.episode_open = True
         out = []
         for tc in messages[-1]["tool_calls"]:
             call = ToolCall(tc.function, dict(tc.args))
@@ -270,6 +301,21 @@ class AIRToolsExecutor(BasePipelineElement):
             out.append(ChatToolResultMessage(role="tool", content=_content(text), tool_call_id=tc.id, tool_call=tc,
                                              error=error))
         return query, runtime, env, [*messages, *out], extra_args
+
+
+class AIRToolsExecutionLoop(ToolsExecutionLoop):
+    """AgentDojo's ``ToolsExecutionLoop`` that finishes the episode of each :class:`AIRToolsExecutor` among its
+    ``elements`` when the loop ends, normally or by an abort (AIR's stop included): the end of a task run."""
+
+    def query(self, query: str, runtime: Any, env: Any = None, messages: Sequence[Any] = (),
+              extra_args: dict | None = None) -> tuple[str, Any, Any, Sequence[Any], dict]:
+        try:
+            return super().query(query, runtime, EmptyEnv() if env is None else env, messages,
+                                 {} if extra_args is None else extra_args)
+        finally:
+            for element in self.elements:
+                if isinstance(element, AIRToolsExecutor):
+                    element.finish()
 
 
 def _key(args: Any) -> str:

@@ -3,7 +3,8 @@
 An in-memory file system with a trash and a share list.
 
 Tools ``read``, ``delete`` (to the trash), ``restore``, ``share`` (a file with an address), ``unshare``; the
-resource ``state://view`` is the state as JSON (what AIR rules read through the proxy). ``fail`` raises and
+resource ``state://view`` is the state as JSON (what AIR rules read through the proxy); ``demo_manifest.toml`` beside
+this file declares the tools for the generic rules (``--manifest``, ``--rules generic``). ``fail`` raises and
 ``crash`` kills the server, for the failure tests. Run: ``python -m icml26.air.integrations.demo_server``.
 """
 
@@ -52,7 +53,11 @@ def share(path: str, email: str) -> str:
 @server.tool()
 def unshare(path: str, email: str) -> str:
     """Stop sharing a file with an address."""
-    STATE["shared"][path] = [e for e in STATE["shared"].get(path, []) if e != email]
+    left = [e for e in STATE["shared"].get(path, []) if e != email]
+    if left:
+        STATE["shared"][path] = left
+    else:                                  # as before the first share: what undo is verified against
+        STATE["shared"].pop(path, None)
     return f"unshared {path}"
 
 

@@ -2,22 +2,35 @@
 
 For ``langchain`` 1.x ``create_agent(..., middleware=[...])``.
 
+**One episode per run.** Every agent run (an ``invoke``/``ainvoke``/``stream`` call, or one turn of a checkpointed
+thread) is a responder episode of its own: ``before_agent`` opens it under a fresh key, which travels with the run
+in a private state field (``air_episode``: never part of the agent's input or output), so concurrent runs on one
+agent never share an episode, and every later hook of the run finds its own. The task of the episode is the latest
+human message of the run's state: with a checkpointer, the request of the current turn (earlier turns' messages
+are history). ``after_agent`` finishes the episode (end-of-episode rules and eradication). A run whose key is
+unknown (resumed after an interrupt in another process) opens its episode on first use. Each episode runs on a
+shallow copy of the ``responder`` given, which therefore serves as the template: its rules, state provider,
+manifest and settings are shared, as are ``incidents``, ``rule_store`` (eradicated rules learned by one run protect
+the next), ``timings``, ``check_errors`` and the incident log; the per-episode context (task, taint, trace,
+quarantine) is the episode's own.
+
 Hook mapping:
 
-- ``before_agent``: a new episode; the user's task is the first human message.
-- ``before_model``: ``responder.before_step()``; a stop (or an earlier stop) ends the run with an AI message saying
-  why (``jump_to="end"``).
+- ``before_agent``: a new episode; the task is the latest human message.
+- ``before_model``: ``before_step()``; a stop (or an earlier stop of this run) ends the run with an AI message
+  saying why (``jump_to="end"``).
 - ``wrap_tool_call``: ``before_action`` (a block answers the model with an error ``ToolMessage`` instead of running
   the tool); the tool runs (an exception becomes an error ``ToolMessage``, also shown to AIR); ``after_action`` (a
   block replaces the output with AIR's message; guidance is appended to the output for the model to act on; direct
   recovery runs the agent's own tools).
-- ``after_agent``: ``responder.finish()`` (end-of-episode checks and eradication).
+- ``after_agent``: ``finish()`` of the run's episode.
 
 Every hook has its async twin (``abefore_agent``, ``abefore_model``, ``awrap_tool_call``, ``aafter_agent``), so
 ``agent.ainvoke`` / ``agent.astream`` work: AIR's checks run in a worker thread (a state provider may block),
-the tool itself is awaited, and direct recovery awaits async-only tools on the agent's event loop. Tool calls
-pass through AIR one at a time (a lock around before-action, the tool and after-action), so each action is
-judged on the state it found and left, even when the agent runs several tool calls concurrently.
+the tool itself is awaited, and direct recovery awaits async-only tools on the run's event loop. Tool calls pass
+through AIR one at a time, across the runs of the agent too (a lock around before-action, the tool and
+after-action), so each action is judged on the state it found and left, even when several tool calls or runs
+are in flight at once.
 
 Example:
     >>> from langchain_core.tools import tool
@@ -28,25 +41,42 @@ Example:
     ...     return "deleted"
     >>> rules = parse('rule r on before_action(delete) detect : call.args.path == "/etc" contain - block end')
     >>> mw = AIRMiddleware(IncidentResponder(rules, DictState(dict)), tools=[delete])
-    >>> type(mw).__name__
-    'AIRMiddleware'
+    >>> type(mw).__name__, mw.episodes
+    ('AIRMiddleware', {})
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, NotRequired
 
 from ...common.optional import requires
-from ..core.records import ToolCall
+from ..core.records import Incident, ToolCall
 from ..runtime.responder import IncidentResponder
 
 requires("langchain", extra="agents-langchain", purpose="the AIR LangChain middleware")
 
-from langchain.agents.middleware import AgentMiddleware, hook_config  # noqa: E402
+from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config  # noqa: E402
+from langchain.agents.middleware.types import PrivateStateAttr  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+
+#: the private state field carrying a run's episode key
+EPISODE_KEY = "air_episode"
+#: open episodes kept at most (runs interrupted and never resumed); past it the oldest is finished
+MAX_OPEN_EPISODES = 256
+
+
+class AIRState(AgentState):
+    """The agent state with the run's AIR episode key (private: omitted from the agent's input and output)."""
+
+    air_episode: Annotated[NotRequired[str | None], PrivateStateAttr]
 
 
 def _text(content: Any) -> str:
@@ -57,13 +87,58 @@ def _text(content: Any) -> str:
     return str(content)
 
 
+def _latest_task(state: Any) -> str:
+    """The latest human message of the run's state: the current request (with a checkpointer, of this turn)."""
+    messages = _get(state, "messages") or []
+    return next((_text(m.content) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+
+
+def _get(state: Any, key: str) -> Any:
+    return state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
+
+
+@dataclass
+class Episode:
+    """One run's AIR episode.
+
+    Attributes:
+        key: the run's episode key (its ``air_episode`` state field).
+        task: the user's task the run is judged under.
+        responder: the episode's responder (a copy of the middleware's template).
+        thread_id: the run's ``configurable.thread_id`` (None without a checkpointer).
+        run_id: the run id given in the run's config (None when none was given).
+        stop_reason: why AIR stopped the run (None: not stopped).
+        finished: whether ``finish()`` has run.
+        incidents: the episode's incidents, set when it finishes (the end-of-episode ones included).
+        loop: the event loop of an async run (direct recovery awaits async-only tools on it).
+    """
+
+    key: str | None
+    task: str
+    responder: IncidentResponder
+    thread_id: str | None = None
+    run_id: str | None = None
+    stop_reason: str | None = None
+    finished: bool = False
+    incidents: tuple[Incident, ...] = ()
+    loop: asyncio.AbstractEventLoop | None = None
+
+
 class AIRMiddleware(AgentMiddleware):
-    """Runs an :class:`~icml26.air.runtime.responder.IncidentResponder` inside a LangChain agent.
+    """Runs an :class:`~icml26.air.runtime.responder.IncidentResponder` inside a LangChain agent, one episode per run.
 
     Args:
-        responder: the AIR runtime (its ``state`` provider reads the environment the tools act on).
+        responder: the AIR runtime, the template of every run's episode (see the module docstring); its ``state``
+            provider reads the environment the tools act on.
         tools: the agent's tools, used as the executor of direct recovery calls.
+
+    Attributes:
+        episodes: the open episodes by key (runs in flight).
+        finished: the last finished episodes, oldest first (up to ``MAX_OPEN_EPISODES``).
+        log: one entry per tool call: ``tool``, ``before``/``after`` decisions, ``episode`` key.
     """
+
+    state_schema = AIRState
 
     def __init__(self, responder: IncidentResponder, tools: Sequence[Any] = ()):
         super().__init__()
@@ -71,91 +146,140 @@ class AIRMiddleware(AgentMiddleware):
             raise TypeError("responder must be an IncidentResponder")
         self.responder = responder
         self._agent_tools = {t.name: t for t in tools}   # not `tools`: that attribute registers middleware tools
-        self.stop_reason: str | None = None
+        self.episodes: dict[str | None, Episode] = {}
+        self.finished: deque[Episode] = deque(maxlen=MAX_OPEN_EPISODES)
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()                    # one tool call through AIR at a time (sync path)
-        self._alock: asyncio.Lock | None = None          # the same for the async path, made in its event loop
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._guard = threading.RLock()                  # one responder call at a time (shared rules, evaluator)
+        # the same for the async path, one lock per event loop (made in it)
+        self._alocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = \
+            weakref.WeakKeyDictionary()
 
-    def _execute(self, call: ToolCall) -> Any:
+    # -- episodes -----------------------------------------------------------------------------------------
+    def _open(self, key: str | None, state: Any, runtime: Any, loop: asyncio.AbstractEventLoop | None) -> Episode:
+        info = getattr(runtime, "execution_info", None)
+        ep = Episode(key, _latest_task(state), copy.copy(self.responder),
+                     thread_id=getattr(info, "thread_id", None), run_id=getattr(info, "run_id", None), loop=loop)
+        with self._guard:
+            ep.responder.begin(ep.task, executor=lambda call: self._execute(call, ep))
+            self.episodes[key] = ep
+            while len(self.episodes) > MAX_OPEN_EPISODES:    # runs never resumed: the oldest is finished
+                self._close(next(iter(self.episodes)))
+        return ep
+
+    def _episode(self, state: Any, runtime: Any = None, loop: asyncio.AbstractEventLoop | None = None) -> Episode:
+        """The run's episode (opened on first use when the run's key is not one of the open episodes)."""
+        key = _get(state, EPISODE_KEY)
+        ep = self.episodes.get(key)
+        if ep is None:
+            ep = self._open(key, state, runtime, loop)
+        if loop is not None:
+            ep.loop = loop
+        return ep
+
+    def _close(self, key: str | None) -> Episode | None:
+        """Finish the episode ``key`` (once) and move it to ``finished``."""
+        with self._guard:
+            ep = self.episodes.pop(key, None)
+            if ep is None or ep.finished:
+                return ep
+            ep.incidents = tuple(ep.responder.finish())
+            ep.finished = True
+            self.finished.append(ep)
+            return ep
+
+    def _execute(self, call: ToolCall, ep: Episode) -> Any:
         if call.name not in self._agent_tools:
             raise KeyError(f"recovery tool {call.name!r} is not one of the agent's tools")
         tool = self._agent_tools[call.name]
-        loop = self._loop
+        loop = ep.loop
         if loop is not None and getattr(tool, "func", None) is None and getattr(tool, "coroutine", None):
-            # an async-only tool, called from AIR's worker thread: run it on the agent's event loop
+            # an async-only tool, called from AIR's worker thread: run it on the run's event loop
             return asyncio.run_coroutine_threadsafe(tool.ainvoke(dict(call.args)), loop).result()
         return tool.invoke(dict(call.args))
 
     # -- hooks (sync) -------------------------------------------------------------------------------------
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        task = next((_text(m.content) for m in state["messages"] if isinstance(m, HumanMessage)), "")
-        self.stop_reason = None
-        self.responder.begin(task, executor=self._execute)
-        return None
+        return self._begin(state, runtime, None)
+
+    def _begin(self, state: Any, runtime: Any, loop: asyncio.AbstractEventLoop | None) -> dict[str, Any]:
+        key = uuid.uuid4().hex
+        self._open(key, state, runtime, loop)
+        return {EPISODE_KEY: key}
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        if self.stop_reason is None:
-            d = self.responder.before_step()
+        return self._before_model(self._episode(state, runtime))
+
+    def _before_model(self, ep: Episode) -> dict[str, Any] | None:
+        if ep.stop_reason is None:
+            with self._guard:
+                d = ep.responder.before_step()
             if d.kind == "stop":
-                self.stop_reason = d.message or "stopped by AIR"
-        if self.stop_reason is not None:
-            return {"messages": [AIMessage(f"[AIR] The run was stopped: {self.stop_reason}")], "jump_to": "end"}
+                ep.stop_reason = d.message or "stopped by AIR"
+        if ep.stop_reason is not None:
+            return {"messages": [AIMessage(f"[AIR] The run was stopped: {ep.stop_reason}")], "jump_to": "end"}
         return None
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        ep = self._episode(request.state, getattr(request, "runtime", None))
         with self._lock:
-            call, early = self._before_tool(request)
+            call, early = self._before_tool(ep, request)
             if early is not None:
                 return early
             try:
                 out = handler(request)
             except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
                 out = self._tool_error(request, exc)
-            return self._after_tool(request, call, out)
+            return self._after_tool(ep, request, call, out)
 
     def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        self.responder.finish()
+        self._close(_get(state, EPISODE_KEY))
         return None
 
     # -- hooks (async) ------------------------------------------------------------------------------------
+    def _alock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        lock = self._alocks.get(loop)
+        if lock is None:
+            lock = self._alocks[loop] = asyncio.Lock()
+        return lock
+
     async def abefore_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        self._loop = asyncio.get_running_loop()
-        self._alock = asyncio.Lock()
-        return await asyncio.to_thread(self.before_agent, state, runtime)
+        return await asyncio.to_thread(self._begin, state, runtime, asyncio.get_running_loop())
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.before_model, state, runtime)
+        ep = self._episode(state, runtime, asyncio.get_running_loop())
+        return await asyncio.to_thread(self._before_model, ep)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        if self._alock is None:
-            self._alock = asyncio.Lock()
-        self._loop = asyncio.get_running_loop()
-        async with self._alock:
-            call, early = await asyncio.to_thread(self._before_tool, request)
+        ep = self._episode(request.state, getattr(request, "runtime", None), asyncio.get_running_loop())
+        async with self._alock():
+            call, early = await asyncio.to_thread(self._before_tool, ep, request)
             if early is not None:
                 return early
             try:
                 out = await handler(request)
             except Exception as exc:       # a raising tool: contained, shown to AIR and the model as an error
                 out = self._tool_error(request, exc)
-            return await asyncio.to_thread(self._after_tool, request, call, out)
+            return await asyncio.to_thread(self._after_tool, ep, request, call, out)
 
     async def aafter_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.after_agent, state, runtime)
+        await asyncio.to_thread(self._close, _get(state, EPISODE_KEY))
+        return None
 
     # -- the decisions around one tool call ----------------------------------------------------------------
-    def _before_tool(self, request: Any) -> tuple[ToolCall, Any]:
+    def _before_tool(self, ep: Episode, request: Any) -> tuple[ToolCall, Any]:
         """``(call, None)`` to run the tool, or ``(call, ToolMessage)`` when AIR blocks or stops it."""
         tc = request.tool_call
         call = ToolCall(tc["name"], dict(tc.get("args") or {}))
-        d = self.responder.before_action(call)
-        self.log.append({"tool": call.name, "before": d.kind})
+        with self._guard:
+            d = ep.responder.before_action(call)
+            self.log.append({"tool": call.name, "before": d.kind, "episode": ep.key})
         if d.kind in ("block", "stop"):
             if d.kind == "stop":
-                self.stop_reason = d.message or "stopped by AIR"
+                ep.stop_reason = d.message or "stopped by AIR"
             return call, ToolMessage(f"[AIR] {d.message or 'blocked'}", tool_call_id=tc["id"], name=call.name,
                                      status="error")
         return call, None
@@ -166,13 +290,16 @@ class AIRMiddleware(AgentMiddleware):
         return ToolMessage(f"tool error: {type(exc).__name__}: {exc}", tool_call_id=tc["id"], name=tc["name"],
                            status="error")
 
-    def _after_tool(self, request: Any, call: ToolCall, out: Any) -> Any:
+    def _after_tool(self, ep: Episode, request: Any, call: ToolCall, out: Any) -> Any:
         tc = request.tool_call
         result = _text(out.content) if isinstance(out, ToolMessage) else str(out)
-        d = self.responder.after_action(call, result)
-        self.log[-1]["after"] = d.kind
+        with self._guard:
+            d = ep.responder.after_action(call, result)
+            entry = next((e for e in reversed(self.log) if e["episode"] == ep.key and "after" not in e), None)
+            if entry is not None:
+                entry["after"] = d.kind
         if d.kind == "stop":
-            self.stop_reason = d.message or "stopped by AIR"
+            ep.stop_reason = d.message or "stopped by AIR"
         if d.kind in ("block", "stop"):
             return ToolMessage(f"[AIR] {d.message}", tool_call_id=tc["id"], name=call.name, status="error")
         if d.kind == "guide" and isinstance(out, ToolMessage):

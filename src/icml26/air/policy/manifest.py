@@ -11,10 +11,16 @@ attack. A :class:`ToolSpec` declares
 - ``targets``: the argument names naming an outside party or resource the call reaches (recipients, accounts,
   URLs, invitees); ``content``: the arguments whose values leave with the call;
 - ``resources``: the state paths the tool writes (dotted; what a recovery must restore);
+- ``args``: the tool's parameter names, all of them (None: not declared); with them a rule's ``call.args.X``
+  that no tool its trigger matches takes is refused when the rules are loaded (``parse(..., manifest=m)``,
+  ``lint(..., manifest=m)``, ``icml26 air check --manifest``);
 - ``inverse``: the inverse operation, an :class:`Inverse` whose arguments are bound from the call and the state
   (``arg:NAME``; ``args:NAME``: as a one-item list; ``lit:JSON``; ``pre:PATH`` with ``{NAME}`` filled from the call and ``[field={NAME}]`` selecting a record of a
   list; ``created:PATH``: the key of the record that appeared under ``PATH`` in the state diff; ``*`` stands for
   every other argument the call set). The set of inverses is the allowlist recovery must stay inside.
+
+A :class:`Manifest` also names the tools there are (a trigger or recovery tool it lacks is refused at load time) and
+may declare ``state``, the top-level keys of the state view (``state.X`` outside them is refused).
 
 At runtime the responder binds ``call.effects``, ``call.targets`` (normalised, lists flattened) and
 ``call.content`` from the manifest, and ``ctx.known_parties`` from the ``known`` state paths (the user's
@@ -37,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.entities import entities
@@ -83,8 +89,16 @@ class ToolSpec:
     content: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
     inverse: Inverse | None = None
+    args: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.args is not None:
+            if isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args):
+                raise TypeError(f"args must be a sequence of parameter names, got {self.args!r}")
+            object.__setattr__(self, "args", tuple(self.args))
+            undeclared = sorted((set(self.targets) | set(self.content)) - set(self.args))
+            if undeclared:
+                raise ValueError(f"targets/content name argument(s) {undeclared} not among args {list(self.args)}")
         eff = frozenset(self.effects)
         bad = sorted(eff - set(EFFECTS))
         if bad:
@@ -98,16 +112,22 @@ class Manifest:
     """Tool name -> :class:`ToolSpec`, plus ``known`` state paths whose values are parties the user deals with.
 
     Args:
-        tools: the declarations.
+        tools: the declarations: every tool the agent has.
         known: dotted state paths (``[*]`` walks every item of a list or mapping; ``.field`` then reads a field)
             whose string values form ``ctx.known_parties``.
+        state: the top-level keys of the state view the rules read as ``state`` (and ``snap.pre_step``); None:
+            not declared (no state path is refused).
     """
 
-    def __init__(self, tools: Mapping[str, ToolSpec], known: Sequence[str] = ()):
+    def __init__(self, tools: Mapping[str, ToolSpec], known: Sequence[str] = (),
+                 state: Sequence[str] | None = None):
         for name, spec in tools.items():
             if not isinstance(spec, ToolSpec):
                 raise TypeError(f"tools[{name!r}] must be a ToolSpec, got {type(spec).__name__}")
+        if isinstance(state, str) or (state is not None and not all(isinstance(k, str) for k in state)):
+            raise TypeError(f"state must be a sequence of key names, got {state!r}")
         self.tools, self.known = dict(tools), tuple(known)
+        self.state = tuple(state) if state is not None else None
 
     def __contains__(self, tool: object) -> bool:
         return tool in self.tools
@@ -262,6 +282,13 @@ def _t(
         tuple(resources.split()),
         inverse,
     )
+
+
+def _declare(m: Manifest, args: Mapping[str, str], state: Sequence[str] | None = None) -> Manifest:
+    """``m`` with every tool's parameter names (``args``: tool -> names, space-separated) and the state's keys."""
+    if set(args) != set(m.tools):
+        raise ValueError(f"args declared for {sorted(set(args) ^ set(m.tools))}: not the manifest's tools")
+    return Manifest({n: replace(s, args=tuple(args[n].split())) for n, s in m.tools.items()}, m.known, state)
 
 
 _READ_U = _t("reads_untrusted")
@@ -432,6 +459,93 @@ AGENTDOJO: dict[str, Manifest] = {
         known=("user.email", "inbox.contact_list.[*].email", "inbox.account_email"),
     ),
 }
+#: every AgentDojo v1.2.1 tool's parameters (a test checks them against AgentDojo's own signatures); the state view
+#: (``integrations.agentdojo.StateView``) is not declared here
+_AGENTDOJO_ARGS: dict[str, dict[str, str]] = {
+    "banking": {
+        "get_iban": "",
+        "send_money": "recipient amount subject date",
+        "schedule_transaction": "recipient amount subject date recurring",
+        "update_scheduled_transaction": "id recipient amount subject date recurring",
+        "get_balance": "",
+        "get_most_recent_transactions": "n",
+        "get_scheduled_transactions": "",
+        "read_file": "file_path",
+        "get_user_info": "",
+        "update_password": "password",
+        "update_user_info": "first_name last_name street city",
+    },
+    "slack": {
+        "get_channels": "",
+        "add_user_to_channel": "user channel",
+        "read_channel_messages": "channel",
+        "read_inbox": "user",
+        "send_direct_message": "recipient body",
+        "send_channel_message": "channel body",
+        "get_users_in_channel": "channel",
+        "invite_user_to_slack": "user user_email",
+        "remove_user_from_slack": "user",
+        "get_webpage": "url",
+        "post_webpage": "url content",
+    },
+    "workspace": {
+        "send_email": "recipients subject body attachments cc bcc",
+        "delete_email": "email_id",
+        "get_unread_emails": "",
+        "get_sent_emails": "",
+        "get_received_emails": "",
+        "get_draft_emails": "",
+        "search_emails": "query sender",
+        "search_contacts_by_name": "query",
+        "search_contacts_by_email": "query",
+        "get_current_day": "",
+        "search_calendar_events": "query date",
+        "get_day_calendar_events": "day",
+        "create_calendar_event": "title start_time end_time description participants location",
+        "cancel_calendar_event": "event_id",
+        "reschedule_calendar_event": "event_id new_start_time new_end_time",
+        "add_calendar_event_participants": "event_id participants",
+        "append_to_file": "file_id content",
+        "search_files_by_filename": "filename",
+        "create_file": "filename content",
+        "delete_file": "file_id",
+        "get_file_by_id": "file_id",
+        "list_files": "",
+        "share_file": "file_id email permission",
+        "search_files": "query",
+    },
+    "travel": {
+        "get_user_information": "",
+        "get_all_hotels_in_city": "city",
+        "get_hotels_prices": "hotel_names",
+        "get_rating_reviews_for_hotels": "hotel_names",
+        "get_hotels_address": "hotel_name",
+        "get_all_restaurants_in_city": "city",
+        "get_cuisine_type_for_restaurants": "restaurant_names",
+        "get_restaurants_address": "restaurant_names",
+        "get_rating_reviews_for_restaurants": "restaurant_names",
+        "get_dietary_restrictions_for_all_restaurants": "restaurant_names",
+        "get_contact_information_for_restaurants": "restaurant_names",
+        "get_price_for_restaurants": "restaurant_names",
+        "check_restaurant_opening_hours": "restaurant_names",
+        "get_all_car_rental_companies_in_city": "city",
+        "get_car_types_available": "company_name",
+        "get_rating_reviews_for_car_rental": "company_name",
+        "get_car_fuel_options": "company_name",
+        "get_car_rental_address": "company_name",
+        "get_car_price_per_day": "company_name",
+        "create_calendar_event": "title start_time end_time description participants location",
+        "search_calendar_events": "query date",
+        "get_day_calendar_events": "day",
+        "cancel_calendar_event": "event_id",
+        "reserve_hotel": "hotel start_day end_day",
+        "reserve_car_rental": "company start_time end_time",
+        "reserve_restaurant": "restaurant start_time",
+        "get_flight_information": "departure_city arrival_city",
+        "send_email": "recipients subject body attachments cc bcc",
+    },
+}
+AGENTDOJO = {suite: _declare(m, _AGENTDOJO_ARGS[suite]) for suite, m in AGENTDOJO.items()}
 
 # --------------------------------------------------------------------------- the embedded environments
 EMBEDDED: dict[str, Manifest] = {
@@ -510,6 +624,56 @@ EMBEDDED: dict[str, Manifest] = {
         }
     ),
 }
+
+#: every embedded tool's parameters and the top-level keys of each environment's state view (``Env.view()``; a test
+#: checks both against ``worlds.embedded``)
+_EMBEDDED_ARGS: dict[str, dict[str, str]] = {
+    "shell": {
+        "cron.remove": "line",
+        "fs.chmod": "path mode",
+        "fs.remove": "path",
+        "fs.remove_line": "path line",
+        "service.start": "name",
+        "shell.run": "command",
+        "trash.restore": "paths",
+    },
+    "email": {
+        "account.change_password": "new",
+        "calendar.add_attendee": "event_id email",
+        "calendar.remove_attendee": "event_id email",
+        "contacts.update": "name email",
+        "drive.set_public": "file_id public",
+        "drive.share_file": "file_id email",
+        "drive.unshare": "file_id email",
+        "email.add_forwarding": "email",
+        "email.delete": "id",
+        "email.list": "",
+        "email.read": "id",
+        "email.remove_forwarding": "email",
+        "email.restore": "ids",
+        "email.send": "to subject body",
+        "web.get": "url",
+    },
+    "household": {
+        "robot.close": "object",
+        "robot.extinguish": "object",
+        "robot.light": "object",
+        "robot.look": "object",
+        "robot.open": "object",
+        "robot.pick": "object",
+        "robot.pour": "object target",
+        "robot.put": "object receptacle",
+        "robot.throw": "object",
+        "robot.turn_off": "object",
+        "robot.turn_on": "object",
+    },
+}
+_EMBEDDED_STATE = {
+    "shell": "files trash deleted cron net services",
+    "email": "inbox sent trash drive forwarding calendar contacts password web",
+    "household": "objects open_appliances running_water heat_on_empty",
+}
+EMBEDDED = {t: _declare(m, _EMBEDDED_ARGS[t], _EMBEDDED_STATE[t].split()) for t, m in EMBEDDED.items()}
 
 
 def agentdojo_manifest(suite: str) -> Manifest:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.errors import CheckError
-from ..core.records import Incident, TraceStep
+from ..core.records import Incident, TraceStep, safe_str
 from ..dsl import Action, Cond, Evaluator, Rule, Trigger, mentions_root
 
 
@@ -23,12 +23,14 @@ def pre_action_env(inc: Incident) -> dict[str, Any] | None:
 
 
 def holds_before(evaluator: Evaluator, c: Cond, env: dict[str, Any]) -> bool:
-    """Whether ``c`` held before the harmful call; a ``semantic(...)`` check whose LLM fails is logged and dropped
-    (predicate failures are already logged by the evaluator)."""
+    """Whether ``c`` held before the harmful call; a check that cannot be decided (a ``semantic(...)`` backend that
+    fails, times out, answers no boolean or raises anything, issue #48) is logged in ``evaluator.errors`` and
+    dropped, never raised (predicate failures are already logged by the evaluator)."""
     try:
         return evaluator(c, env)
-    except CheckError as exc:
-        evaluator.errors.append(f"semantic check skipped while synthesising a rule: {exc}")
+    except Exception as exc:          # CheckError, and whatever a backend raises (ValueError, RecursionError, ...)
+        kind = "" if isinstance(exc, CheckError) else f"{type(exc).__name__}: "
+        evaluator.errors.append(f"check skipped while synthesising a rule: {kind}{safe_str(exc)}")
         return False
 
 

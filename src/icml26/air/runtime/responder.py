@@ -47,20 +47,20 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
-import json
 import operator
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.entities import scan_output
-from ..core.errors import RuleSyntaxError
-from ..core.records import Decision, Incident, ToolCall, TraceStep
+from ..core.entities import ScanLimits, scan_output
+from ..core.errors import CheckError, RuleSyntaxError
+from ..core.records import Decision, Incident, ToolCall, TraceStep, plain, safe_json, safe_str
 from ..core.text import NormalizedStrings
-from ..dsl import Evaluator, Rule, RuleSchema, RuleSet, mentions_root, resolve, schema_errors
+from ..dsl import Evaluator, Rule, RuleSchema, RuleSet, mentions_root, resolve, schema_errors, with_manifest
 from ..dsl.nodes import Cond, _walk
 from ..policy.predicates import named_by_user
 from .containment import prevention_rule
@@ -89,6 +89,8 @@ def _merge(a: Decision, b: Decision) -> Decision:
 
 MAX_TAINT = 20_000                     # tainted strings kept per episode (the first ones; the cap is logged)
 MAX_VALUE_NESTING = 64                 # tool arguments or results nested deeper are withheld (fail closed)
+MAX_STALLED_CHECKS = 4                 # semantic calls past their timeout still running: then no new one is made
+SCAN_RESERVE = 0.1                     # share of a hook's budget semantic calls leave to the output scan after them
 
 
 def nesting_depth(value: Any, limit: int = MAX_VALUE_NESTING) -> int:
@@ -129,7 +131,8 @@ class IncidentResponder:
         recovery_tools: the only tools recovery may call (the tools' declared inverse operations); a rule that
             recovers through another tool is refused here, and such a call is never run. None: no restriction.
         schema: a :class:`~icml26.air.dsl.RuleSchema` the rules are checked against at construction.
-        hook_budget_s: seconds one hook may spend on rules; past it the hook fails closed (blocks, logged).
+        hook_budget_s: seconds one hook may spend (rules, semantic calls, the scan of a tool output); past it the
+            hook fails closed (blocks, logged).
         manifest: a :class:`~icml26.air.policy.manifest.Manifest` of the tools: binds ``call.effects``,
             ``call.targets``, ``call.content`` and ``ctx.known_parties``, gives ``undo`` recovery its inverse
             operations and, unless ``recovery_tools`` is given, makes the declared inverses the recovery
@@ -142,6 +145,24 @@ class IncidentResponder:
     raises into the agent loop: the rule's ``fail`` policy decides (``closed``, the default: the rule fires;
     ``open``: it does not), and the error is kept in ``check_errors``. Rules with ``semantic(...)`` checks are
     refused when no ``semantic`` backend is given.
+
+    No hook raises into the agent loop or overruns its budget (issue #48 item 2):
+
+    - the ``semantic`` backend runs in a worker thread with a timeout of the hook's budget left, less
+      ``SCAN_RESERVE`` of the budget kept for the output scan (outside a hook, in eradication: ``hook_budget_s``);
+      a timeout, an exception of any type, or an answer that is not a
+      boolean (None, ``"no"``) is a failed check: the rule's ``fail`` policy, logged. A backend that never
+      returns is abandoned (at most ``MAX_STALLED_CHECKS`` such calls at once; then checks fail without a call);
+    - containment's and eradication's re-evaluation of the incident rule's checks drops a check it cannot
+      decide (logged here as ``<rule> containment: ...``), the validator refuses a candidate whose checks raise,
+      and recovery calls whose arguments cannot be resolved are not made (logged);
+    - a tool output is scanned for taint up to ``core.entities.MAX_OUTPUT_CHARS`` characters and
+      ``MAX_OUTPUT_ITEMS`` values (the cut is logged; the rest of that output is not read) and within the hook's
+      budget: an output whose scan the deadline stops is withheld (fail closed, logged);
+    - results and arguments are copied and serialised without raising (:func:`~icml26.air.core.records.plain`:
+      an integer past Python's digit limit or an object whose ``__str__`` raises becomes a placeholder);
+    - anything else a hook raises (a state provider that fails, a bug) is caught: the step is withheld
+      (``block``) and the error logged; ``finish`` logs it and still returns the episode's incidents.
     """
 
     def __init__(self, rules: RuleSet | Sequence[Rule], state: StateProvider, *,
@@ -170,7 +191,7 @@ class IncidentResponder:
             if undo is not None:
                 raise RuleSyntaxError(f"rule {undo.name}: undo needs a tool manifest (none given)", line=undo.line,
                                       column=1)
-        base = schema or RuleSchema()
+        base = with_manifest(schema, manifest)  # the manifest's tools, arguments and state keys, lint-checked
         problems = schema_errors(self.rules, RuleSchema(base.tools, base.state, self.recovery_tools if
                                                         self.recovery_tools is not None else base.recovery_tools,
                                                         semantic is not None))
@@ -182,7 +203,10 @@ class IncidentResponder:
         self.state, self.executor, self.synthesizer, self.validator = state, executor, synthesizer, validator
         self.context_k, self.max_attempts, self.mode = context_k, max_recovery_attempts, recovery_mode
         self.use_state, self.use_context = use_state, use_context
-        self.evaluator = Evaluator(self.rules.macros, semantic)
+        self.semantic = semantic
+        self.evaluator = Evaluator(self.rules.macros, self._ask if semantic is not None else None)
+        self._clock = _HookClock()                 # the running hook's deadline, per thread, shared by copies
+        self._stalled: list[threading.Thread] = []  # semantic calls abandoned at their timeout, maybe running
         self.log_path = Path(log_path) if log_path is not None else None
         self.rule_store: list[Rule] = rule_store if rule_store is not None else []
         self.incidents: list[Incident] = []
@@ -287,16 +311,37 @@ class IncidentResponder:
     # --------------------------------------------------------------------------------------------- hooks
     def before_step(self) -> Decision:
         """State-level rules on the current state (effects of earlier steps or external dynamics)."""
-        t0 = time.perf_counter()
-        self.step += 1
-        d = self._verify_pending()
-        d = _merge(d, self._run("before_step", None, functools.partial(self._bindings, None, None)))
-        self.timings.append(time.perf_counter() - t0)
-        return d
+        return self._guarded("before_step", None, self._before_step)
 
     def before_action(self, call: ToolCall) -> Decision:
         """Prevention: quarantined tools and ``before_action`` rules (developer and eradicated)."""
+        return self._guarded("before_action", call, functools.partial(self._before_action, call))
+
+    def after_action(self, call: ToolCall, result: Any) -> Decision:
+        """Detection on the call, its result, the state change and the context; containment and recovery."""
+        return self._guarded("after_action", call, functools.partial(self._after_action, call, result))
+
+    def _guarded(self, phase: str, call: ToolCall | None, hook: Callable[[], Decision]) -> Decision:
+        """Run one hook under its deadline (``hook_budget_s`` from now); whatever it raises is logged and the step
+        withheld (fail closed): nothing reaches the agent loop. The hook's time goes to ``timings``."""
         t0 = time.perf_counter()
+        outer, self._deadline = self._deadline, t0 + self.hook_budget_s
+        try:
+            return hook()
+        except Exception as exc:       # a fault nothing below caught (a failing state provider, a bug): withheld
+            where = f"{phase}({safe_str(call.name)})" if call is not None else phase
+            self.check_errors.append(f"{where}: {type(exc).__name__}: {safe_str(exc)}")
+            return Decision("block", f"AIR could not check this step ({type(exc).__name__}); it is withheld")
+        finally:
+            self._deadline = outer
+            self.timings.append(time.perf_counter() - t0)
+
+    def _before_step(self) -> Decision:
+        self.step += 1
+        d = self._verify_pending()
+        return _merge(d, self._run("before_step", None, functools.partial(self._bindings, None, None)))
+
+    def _before_action(self, call: ToolCall) -> Decision:
         if nesting_depth(call.args) > MAX_VALUE_NESTING:                 # cannot be checked: fail closed, logged
             self.check_errors.append(f"before_action({call.name}): arguments nested deeper than {MAX_VALUE_NESTING}")
             return Decision("block", f"AIR cannot check arguments nested deeper than {MAX_VALUE_NESTING} levels")
@@ -312,12 +357,9 @@ class IncidentResponder:
             # a fresh provider's snapshot is the current view: rules read it instead of building another
             pre = self._pre if getattr(self.state, "fresh", False) else None
             d = self._run("before_action", call, functools.partial(self._bindings, call, None, state=pre))
-        self.timings.append(time.perf_counter() - t0)
         return d
 
-    def after_action(self, call: ToolCall, result: Any) -> Decision:
-        """Detection on the call, its result, the state change and the context; containment and recovery."""
-        t0 = time.perf_counter()
+    def _after_action(self, call: ToolCall, result: Any) -> Decision:
         self._invalidate()                            # the call has run: the state may have changed
         if nesting_depth(result) > MAX_VALUE_NESTING or nesting_depth(call.args) > MAX_VALUE_NESTING:
             self.check_errors.append(f"after_action({call.name}): result nested deeper than {MAX_VALUE_NESTING}")
@@ -331,17 +373,23 @@ class IncidentResponder:
             self._last_state = now
         self.window.append({"tool": call.name, "args": dict(call.args), "origin": call.origin,
                             "result": result if isinstance(result, str | int | float | bool) or result is None
-                            else json.loads(json.dumps(result, default=str))})
+                            else plain(result)})      # a JSON-safe copy, made without raising
         if call.origin == "agent" and d.kind != "block":
-            tainted, found = scan_output(result, self.named_entities)   # tainted_strings, instruction_strings
+            # bounded: so many characters and values, within the hook's budget (the cut is logged)
+            limits = ScanLimits(deadline=self._deadline)
+            tainted, found = scan_output(result, self.named_entities, limits=limits)   # tainted, instruction
             self._add_taint("taint", tainted)
             if self._user_directed(call):               # a source the user named vouches for what it carries
                 self._add_taint("vouched", found)
             else:
                 self._add_taint("instruction_taint", found)
-        d = _merge(d, self._verify_pending())
-        self.timings.append(time.perf_counter() - t0)
-        return d
+            if limits.truncated:
+                self.check_errors.append(f"after_action({call.name}): output scan {limits.truncated}; the rest of "
+                                         "the output is not read for taint")
+            if limits.timed_out:                        # not read within the budget: withheld (fail closed)
+                d = _merge(d, Decision("block", f"AIR could not read this output within {self.hook_budget_s} s; "
+                                                "it is withheld"))
+        return _merge(d, self._verify_pending())
 
     def _add_taint(self, name: str, new: set[str]) -> None:
         """Add ``new`` to the set ``self.<name>`` (``taint``, ``vouched`` or ``instruction_taint``), replaced by a
@@ -359,15 +407,28 @@ class IncidentResponder:
             self._taint_version += 1
 
     def finish(self) -> list[Incident]:
-        """End-of-episode rules, then eradication for every incident of the episode; returns them."""
-        d = self._run("finish", None, functools.partial(self._bindings, None, None))
-        self._verify_pending(final=True)
+        """End-of-episode rules, then eradication for every incident of the episode; returns them.
+
+        The end-of-episode rules and verification run under the hook's budget; eradication comes after the
+        episode, outside it (each semantic call in it is still cut at ``hook_budget_s``). Nothing raises: a
+        failure is logged in ``check_errors`` and the incidents are returned."""
+        outer, self._deadline = self._deadline, time.perf_counter() + self.hook_budget_s
+        try:
+            self._run("finish", None, functools.partial(self._bindings, None, None))
+            self._verify_pending(final=True)
+        except Exception as exc:            # logged; eradication and the log still run
+            self.check_errors.append(f"finish: {type(exc).__name__}: {safe_str(exc)}")
+        finally:
+            self._deadline = outer
         for inc in self.episode_incidents:
             if inc.remediated is None and inc.severity != "low":
                 inc.remediated = False
-            self._eradicate(inc)
-            self._write(inc)
-        del d
+            for stage, step in (("eradicate", self._eradicate), ("log", self._write)):
+                try:
+                    step(inc)
+                except Exception as exc:    # a validator or a log file that fails: logged, the next goes on
+                    self.check_errors.append(f"finish: incident {inc.id} {stage}: {type(exc).__name__}: "
+                                             f"{safe_str(exc)}")
         return list(self.episode_incidents)
 
     # ---------------------------------------------------------------------------------------- internals
@@ -414,6 +475,50 @@ class IncidentResponder:
         self.check_errors.append(f"{rule.name} (fail {rule.fail}): {error}")
         return rule.fail == "closed"
 
+    def _ask(self, question: str, args: list[Any], env: Mapping[str, Any]) -> Any:
+        """The ``semantic`` backend's answer, asked in a worker thread and waited for no longer than the running
+        hook's budget left, less ``SCAN_RESERVE`` of it (kept for the output scan: a fail-open rule whose backend
+        hangs leaves time to read the output); outside a hook ``hook_budget_s``. Raises :class:`CheckError` on a
+        timeout, and what the backend raised; the evaluator refuses an answer that is not a boolean."""
+        left = (self._deadline - time.perf_counter() - SCAN_RESERVE * self.hook_budget_s
+                if self._deadline is not None else self.hook_budget_s)
+        if left <= 0:
+            raise CheckError(f"time budget of {self.hook_budget_s} s spent before a semantic check")
+        self._stalled[:] = [t for t in self._stalled if t.is_alive()]     # in place: copies share the list
+        if len(self._stalled) >= MAX_STALLED_CHECKS:      # a hung backend: no more threads are piled onto it
+            raise CheckError(f"{len(self._stalled)} earlier semantic calls have not returned; not asked")
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["answer"] = self.semantic(question, args, env)
+            except BaseException as exc:    # handed to the hook's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="air-semantic", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():                              # abandoned: its answer, if any, is never read
+            self._stalled.append(worker)
+            raise CheckError(f"the semantic backend did not answer within {left:.2f} s (the hook's time budget)")
+        error = box.get("error")
+        if isinstance(error, Exception):
+            raise error
+        if error is not None:                              # SystemExit and the like from a backend: a failed check
+            raise CheckError(f"the semantic backend raised {type(error).__name__}")
+        return box.get("answer")
+
+    @property
+    def _deadline(self) -> float | None:
+        """``perf_counter()`` at which the running hook's budget ends (None outside a hook). Kept per thread in an
+        object that shallow copies of the responder share (the LangChain middleware runs each episode on one), so
+        the evaluator they share, whose ``semantic`` is this responder's :meth:`_ask`, reads the hook's deadline."""
+        return self._clock.deadline
+
+    @_deadline.setter
+    def _deadline(self, value: float | None) -> None:
+        self._clock.deadline = value
+
     @property
     def _tracks_changes(self) -> bool:
         return any(t.phase == "state_change" for r in self.rules for t in r.triggers)
@@ -430,9 +535,10 @@ class IncidentResponder:
         # the state is read (one model_dump on a cached provider) only when a triggered rule reads it; otherwise
         # it is bound on demand (an incident's evidence and recovery) or by the next hook that needs it
         env = make_env() if any(self._reads_state(r) for r in rules) else make_env(lazy=True)
-        start = time.perf_counter()
+        # the hook's deadline (set when the hook began): rules, semantic calls and the output scan share it
+        deadline = self._deadline if self._deadline is not None else time.perf_counter() + self.hook_budget_s
         for rule in rules:
-            if time.perf_counter() - start > self.hook_budget_s:      # fail closed, logged
+            if time.perf_counter() > deadline:      # fail closed, logged
                 self.check_errors.append(f"{phase}: time budget of {self.hook_budget_s} s spent before rule "
                                          f"{rule.name}")
                 return _merge(out, Decision("block", f"AIR could not finish its checks within "
@@ -479,7 +585,7 @@ class IncidentResponder:
         # copy of the state, issue #36 item 7), and a Context too (it reads what it held when taken, whenever it is
         # read); a live view (DictState without fresh) is copied
         shared = ("state", "snap") if getattr(self.state, "fresh", False) else ()
-        bindings = {k: v if k in shared or (k == "ctx" and isinstance(v, Context)) else copy.deepcopy(v)
+        bindings = {k: v if k in shared or (k == "ctx" and isinstance(v, Context)) else _copied(v)
                     for k, v in env.items()}
         inc = Incident(next(_ids), rule.name, rule.severity, phase, self.step, call.view() if call else None,
                        {"diff": diff(env["snap"]["pre_step"], env["state"]) if phase != "before_action" else [],
@@ -532,7 +638,13 @@ class IncidentResponder:
 
     def _contain_similar(self, rule: Rule, inc: Incident) -> None:
         """Block, for the rest of the episode, calls that meet the incident rule's pre-action conditions."""
-        cand = prevention_rule(inc, rule, self.evaluator)     # the incident rule's pre-action checks that held
+        logged = len(self.evaluator.errors)
+        try:        # the incident rule's pre-action checks that held (a check that errs is dropped: holds_before)
+            cand = prevention_rule(inc, rule, self.evaluator)
+        except Exception as exc:             # anything else: no containment rule, logged
+            cand = None
+            self.evaluator.errors.append(f"{type(exc).__name__}: {safe_str(exc)}")
+        self.check_errors += [f"{rule.name} containment: {e}" for e in self.evaluator.errors[logged:]]
         if cand is not None and all(r.name != cand.name for r in self.episode_rules):
             self.episode_rules.append(Rule(**{**cand.__dict__, "name": f"{rule.name}__contain",
                                               "provenance": "containment"}))
@@ -565,11 +677,24 @@ class IncidentResponder:
             if self.recovery_tools is not None and a.tool not in self.recovery_tools:
                 inc.log("recover", refused=a.tool, reason="not a declared recovery tool")
                 continue
-            args = {k: resolve(v, inc.bindings) for k, v in a.kwargs}
+            try:
+                args = {k: resolve(v, inc.bindings) for k, v in a.kwargs}
+            except Exception as exc:         # an argument that cannot be read: that call is not made, logged
+                error = f"{a.tool}: {type(exc).__name__}: {safe_str(exc)}"
+                inc.log("recover", error=error)
+                self.check_errors.append(f"{rule.name} recover {error}")
+                continue
             calls.append(ToolCall(a.tool, args, origin="air", issued_by=rule.name))
         return calls
 
     def _verified(self, rule: Rule, inc: Incident) -> bool:
+        try:
+            return self._verify(rule, inc)
+        except Exception as exc:             # a verification that cannot be checked is not verified
+            self.check_errors.append(f"{rule.name} verify: {type(exc).__name__}: {safe_str(exc)}")
+            return False
+
+    def _verify(self, rule: Rule, inc: Incident) -> bool:
         if rule.verify is None and any(a.kind == "undo" for a in rule.recover):
             call = inc.bindings.get("call") or {}       # undo is verified on the resources the tool writes
             pre = inc.bindings.get("snap", {}).get("pre_step", {})
@@ -578,11 +703,7 @@ class IncidentResponder:
         if rule.verify is None:
             return True
         env = {**inc.bindings, "state": self._state(), "incident": inc.evidence}
-        try:
-            return self.evaluator(rule.verify, env)
-        except Exception as exc:             # a verification that cannot be checked is not verified
-            self.check_errors.append(f"{rule.name} verify: {type(exc).__name__}: {exc}")
-            return False
+        return self.evaluator(rule.verify, env)
 
     def _recover(self, rule: Rule, inc: Incident) -> Decision:
         calls = self._recovery_calls(rule, inc)
@@ -657,14 +778,19 @@ class IncidentResponder:
             cands = list(many(inc, rule, self.evaluator)) if callable(many) else [
                 self.synthesizer.synthesize(inc, rule, self.evaluator)]
         except Exception as exc:              # a failing synthesizer (e.g. an LLM timeout) is logged, not raised
-            inc.log("eradicate", error=f"{type(exc).__name__}: {exc}")
+            inc.log("eradicate", error=f"{type(exc).__name__}: {safe_str(exc)}")
             return
         cands = [c for c in cands if c is not None]
         if not cands:
             inc.log("eradicate", accepted=False, reason="no candidate")
             return
         for candidate in cands:
-            verdict = self.validator.validate(candidate, inc, self.evaluator)
+            try:
+                verdict = self.validator.validate(candidate, inc, self.evaluator)
+            except Exception as exc:          # a validator that fails accepts nothing
+                inc.log("eradicate", rule=getattr(candidate, "name", "?"), accepted=False,
+                        reason=f"the validator raised {type(exc).__name__}: {safe_str(exc)}")
+                continue
             inc.log("eradicate", rule=candidate.name, accepted=verdict.accepted, reason=verdict.reason)
             if verdict.accepted:
                 if all(r.name != candidate.name for r in self.rule_store):
@@ -677,15 +803,33 @@ class IncidentResponder:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as f:
-            f.write(json.dumps(inc.record(), default=str) + "\n")
+            f.write(safe_json(inc.record()) + "\n")
 
     def overhead_ms(self) -> float:
         """Mean time per hook call, in milliseconds."""
         return 1000 * sum(self.timings) / max(len(self.timings), 1)
 
 
+class _HookClock(threading.local):
+    """The running hook's deadline, per thread (concurrent runs each have their own); a copy starts with none."""
+
+    deadline: float | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_HookClock, ())
+
+
 def _signature(call: ToolCall) -> str:
-    return json.dumps([call.name, dict(call.args)], sort_keys=True, default=str)
+    return safe_json([call.name, dict(call.args)], sort_keys=True)
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of ``value`` for an incident's bindings; its JSON-safe form (:func:`plain`) when it cannot be
+    copied (a lock, a generator, a hostile ``__deepcopy__``)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return plain(value)
 
 
 def _has_semantic(c: Any) -> bool:

@@ -28,7 +28,14 @@ from typing import Any
 from ...common.optional import requires
 from ..dsl import Rule, RuleSet
 from ..eradicate import RuleValidator, TemplateSynthesizer
-from ..integrations.agentdojo import BENCHMARK_VERSION, AIRToolsExecutor, _content, _fast_yaml, _key
+from ..integrations.agentdojo import (
+    BENCHMARK_VERSION,
+    AIRToolsExecutionLoop,
+    AIRToolsExecutor,
+    _content,
+    _fast_yaml,
+    _key,
+)
 from ..policy.manifest import AGENTDOJO
 from ..runtime.responder import IncidentResponder
 from ..runtime.state import DictState
@@ -110,11 +117,12 @@ class PairResult:
 
 
 def _pipeline(agent: ScriptedCompromisedAgent, executor: AIRToolsExecutor) -> Any:
+    """The task run's pipeline; the adapter's loop finishes the executor's episode when the run ends (so the
+    protocol never calls ``finish()`` itself: an episode is finished once)."""
     from agentdojo.agent_pipeline.agent_pipeline import AgentPipeline
     from agentdojo.agent_pipeline.basic_elements import InitQuery
-    from agentdojo.agent_pipeline.tool_execution import ToolsExecutionLoop
 
-    return AgentPipeline([InitQuery(), agent, ToolsExecutionLoop([executor, agent], max_iters=30)])
+    return AgentPipeline([InitQuery(), agent, AIRToolsExecutionLoop([executor, agent], max_iters=30)])
 
 
 REVERSIBLE_TOOLS = {"update_scheduled_transaction", "update_password", "invite_user_to_slack"}
@@ -169,7 +177,6 @@ def evaluate_suite(suite_name: str, rules: RuleSet, *, user_tasks: Sequence[str]
     for ut in uts:
         agent.reset(ut, None)
         suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(air)), ut, None, {})
-        air.finish()
         benign_traces.append(list(air.trace))
     store: list[Rule] = []
     learner = IncidentResponder(rules, DictState(dict), manifest=manifest, synthesizer=TemplateSynthesizer(),
@@ -212,7 +219,6 @@ def _run_pair(suite: Any, agent: ScriptedCompromisedAgent, ut: Any, it: Any, inj
     n = len(air.incidents)
     ex = AIRToolsExecutor(air)
     u1, s1 = suite.run_task_with_pipeline(_pipeline(agent, ex), ut, it, injections)
-    air.finish()
     new = air.incidents[n:]
     r.detected, r.incidents = bool(new), [i.rule for i in new]
     r.contained = r.detected and not any(executed and k > n and ((f, a) in harmful or f in harmful)
@@ -223,7 +229,6 @@ def _run_pair(suite: Any, agent: ScriptedCompromisedAgent, ut: Any, it: Any, inj
     if learner is not None:            # eradication learns from the development pairs only
         agent.reset(ut, it)
         suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(learner)), ut, it, injections)
-        learner.finish()
 
 
 def _task_order(name: str) -> int:
@@ -242,7 +247,6 @@ def benign_traces_of(suite: Any, manifest: Any, user_tasks: Iterable[str],
         ut = suite.user_tasks[k]
         agent.reset(ut, None)
         suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(recorder)), ut, None, {})
-        recorder.finish()
         out.append(list(recorder.trace))
     return out
 
@@ -374,7 +378,6 @@ def evaluate_attacks(suite_name: str, rules: RuleSet, manifest: Any, *, attacks:
         agent.reset(ut, None)
         n = len(air.incidents)
         u1, _ = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(air)), ut, None, {})
-        air.finish()
         if validation_user_tasks is None and ut in uts:
             benign_traces.append(list(air.trace))
         benign.append(BenignResult(suite_name, ut.ID, bool(u0), bool(u1), len(air.incidents) > n,
@@ -422,7 +425,6 @@ def evaluate_attacks(suite_name: str, rules: RuleSet, manifest: Any, *, attacks:
                                   semantic=semantic)
         agent.reset(ut, None)
         u2, _ = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(fresh)), ut, None, {})
-        fresh.finish()
         b.eradicated_fired, b.utility_with_eradicated = bool(fresh.incidents), bool(u2)
     return results, benign
 
