@@ -2,21 +2,36 @@
 
 For ``langchain`` 1.x ``create_agent(..., middleware=[...])``.
 
-**One episode per run.** Every agent run (an ``invoke``/``ainvoke``/``stream`` call, or one turn of a checkpointed
-thread) is a responder episode of its own: ``before_agent`` opens it under a fresh key, which travels with the run
-in a private state field (``air_episode``: never part of the agent's input or output), so concurrent runs on one
-agent never share an episode, and every later hook of the run finds its own. The task of the episode is the latest
-human message of the run's state: with a checkpointer, the request of the current turn (earlier turns' messages
-are history). ``after_agent`` finishes the episode (end-of-episode rules and eradication). A run whose key is
-unknown (resumed after an interrupt in another process) opens its episode on first use. Each episode runs on a
-shallow copy of the ``responder`` given, which therefore serves as the template: its rules, state provider,
-manifest and settings are shared, as are ``incidents``, ``rule_store`` (eradicated rules learned by one run protect
-the next), ``timings``, ``check_errors`` and the incident log; the per-episode context (task, taint, trace,
-quarantine) is the episode's own.
+**One episode per run, one per thread.** Every agent run (an ``invoke``/``ainvoke``/``stream`` call) has an
+:class:`Episode` of its own: ``before_agent`` opens it under a fresh key, which travels with the run in a private
+state field (``air_episode``: never part of the agent's input or output), so concurrent runs on one agent never
+share one, and every later hook of the run finds its own. The task of the run is the latest human message of the
+run's state: with a checkpointer, the request of the current turn (earlier turns' messages are history).
+``after_agent`` finishes the run (end-of-episode rules and eradication of the run's incidents). A run whose key is
+unknown (resumed after an interrupt in another process) opens its episode on first use.
+
+A run without a ``thread_id`` is a responder episode of its own, on a fresh shallow copy of the ``responder``
+given. The turns of a checkpointed thread (a run whose ``execution_info`` has a ``thread_id``) are one responder
+episode, the conversation's: the thread's first turn opens it on a fresh copy (``begin``), and each later turn
+continues it on the same copy with :meth:`~icml26.air.runtime.responder.IncidentResponder.retask` (the turn's
+request as the task). So what earlier turns' tool outputs brought in is still tainted in the next turn (an address
+injected into a page read in turn 1 is flagged when the agent sends to it in turn 2), their containment
+(quarantined tools, blocked calls, containment rules) still holds, and the entities the user named in any turn of
+the thread count as the user's; ``ctx.user_task`` is the current turn's request, and each turn's incidents are
+finished at the end of that turn. A new turn that begins while an earlier run of its thread is still open
+(interrupted, never resumed) finishes that run first. The threads' responders are kept in a least-recently-used
+map of ``MAX_THREAD_EPISODES``: a thread dropped from it begins afresh at its next turn. A thread's turns are
+expected one after another (as LangGraph runs them); concurrent runs on one thread share its episode.
+
+Each episode runs on a shallow copy of the ``responder`` given, which therefore serves as the template: its
+rules, state provider, manifest and settings are shared, as are ``incidents``, ``rule_store`` (eradicated rules
+learned by one run protect the next), ``timings``, ``check_errors`` and the incident log; the per-episode context
+(task, taint, trace, quarantine) is the episode's own.
 
 Hook mapping:
 
-- ``before_agent``: a new episode; the task is the latest human message.
+- ``before_agent``: a new run's episode (``begin``, or ``retask`` for a later turn of a thread); the task is the
+  latest human message.
 - ``before_model``: ``before_step()``; a stop (or an earlier stop of this run) ends the run with an AI message
   saying why (``jump_to="end"``).
 - ``wrap_tool_call``: ``before_action`` (a block answers the model with an error ``ToolMessage`` instead of running
@@ -41,8 +56,8 @@ Example:
     ...     return "deleted"
     >>> rules = parse('rule r on before_action(delete) detect : call.args.path == "/etc" contain - block end')
     >>> mw = AIRMiddleware(IncidentResponder(rules, DictState(dict)), tools=[delete])
-    >>> type(mw).__name__, mw.episodes
-    ('AIRMiddleware', {})
+    >>> type(mw).__name__, mw.episodes, len(mw.threads)
+    ('AIRMiddleware', {}, 0)
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ import copy
 import threading
 import uuid
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, NotRequired
@@ -71,6 +86,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 EPISODE_KEY = "air_episode"
 #: open episodes kept at most (runs interrupted and never resumed); past it the oldest is finished
 MAX_OPEN_EPISODES = 256
+#: checkpointed threads whose episode (responder) is kept, the least recently used dropped past it
+MAX_THREAD_EPISODES = 256
 
 
 class AIRState(AgentState):
@@ -99,12 +116,13 @@ def _get(state: Any, key: str) -> Any:
 
 @dataclass
 class Episode:
-    """One run's AIR episode.
+    """One run's AIR episode (with a checkpointer, one turn of its thread's episode).
 
     Attributes:
         key: the run's episode key (its ``air_episode`` state field).
         task: the user's task the run is judged under.
-        responder: the episode's responder (a copy of the middleware's template).
+        responder: the episode's responder (a copy of the middleware's template; the thread's, shared by its
+            turns, with a checkpointer).
         thread_id: the run's ``configurable.thread_id`` (None without a checkpointer).
         run_id: the run id given in the run's config (None when none was given).
         stop_reason: why AIR stopped the run (None: not stopped).
@@ -135,6 +153,8 @@ class AIRMiddleware(AgentMiddleware):
     Attributes:
         episodes: the open episodes by key (runs in flight).
         finished: the last finished episodes, oldest first (up to ``MAX_OPEN_EPISODES``).
+        threads: the checkpointed threads' responders by ``thread_id``, least recently used first (up to
+            ``MAX_THREAD_EPISODES``).
         log: one entry per tool call: ``tool``, ``before``/``after`` decisions, ``episode`` key.
     """
 
@@ -148,6 +168,7 @@ class AIRMiddleware(AgentMiddleware):
         self._agent_tools = {t.name: t for t in tools}   # not `tools`: that attribute registers middleware tools
         self.episodes: dict[str | None, Episode] = {}
         self.finished: deque[Episode] = deque(maxlen=MAX_OPEN_EPISODES)
+        self.threads: OrderedDict[Any, IncidentResponder] = OrderedDict()
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()                    # one tool call through AIR at a time (sync path)
         self._guard = threading.RLock()                  # one responder call at a time (shared rules, evaluator)
@@ -158,10 +179,23 @@ class AIRMiddleware(AgentMiddleware):
     # -- episodes -----------------------------------------------------------------------------------------
     def _open(self, key: str | None, state: Any, runtime: Any, loop: asyncio.AbstractEventLoop | None) -> Episode:
         info = getattr(runtime, "execution_info", None)
-        ep = Episode(key, _latest_task(state), copy.copy(self.responder),
-                     thread_id=getattr(info, "thread_id", None), run_id=getattr(info, "run_id", None), loop=loop)
+        thread = getattr(info, "thread_id", None)
         with self._guard:
-            ep.responder.begin(ep.task, executor=lambda call: self._execute(call, ep))
+            # a later turn of a checkpointed thread continues the thread's episode; any other run begins one
+            ongoing = self.threads.get(thread) if thread is not None else None
+            ep = Episode(key, _latest_task(state), ongoing if ongoing is not None else copy.copy(self.responder),
+                         thread_id=thread, run_id=getattr(info, "run_id", None), loop=loop)
+            if ongoing is None:
+                ep.responder.begin(ep.task, executor=lambda call: self._execute(call, ep))
+            else:
+                for k in [k for k, e in self.episodes.items() if e.responder is ongoing]:
+                    self._close(k)                           # an earlier run of the thread left open: finished
+                ep.responder.retask(ep.task, executor=lambda call: self._execute(call, ep))
+            if thread is not None:
+                self.threads[thread] = ep.responder
+                self.threads.move_to_end(thread)
+                while len(self.threads) > MAX_THREAD_EPISODES:  # the least recently used thread begins afresh
+                    self.threads.popitem(last=False)
             self.episodes[key] = ep
             while len(self.episodes) > MAX_OPEN_EPISODES:    # runs never resumed: the oldest is finished
                 self._close(next(iter(self.episodes)))
