@@ -645,3 +645,40 @@ def test_step_reward_by_hand():
     drift1 = abs(math.degrees(math.atan2(40.0 - x1, 30.0 - 50.0)) - 90.0) / 180.0
     assert reward[0, 0] == pytest.approx(-0.05 * drift0, rel=1e-5)
     assert reward[0, 1] == pytest.approx(-0.05 * drift1 - 0.04, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["knn", "graph"])
+def test_old_log_probs_are_stored_under_the_rollouts_shield_mask(kind, monkeypatch):
+    """With ``shield_train`` the rollout samples under the shield's mask, so the stored old log-probs must be the
+    masked distribution's: on the first minibatch (no update yet) the PPO ratio exp(log pi_mask(a) - old) is exactly
+    1 on every slot (an empty slot keeps every action), recomputed from the minibatch's own observations and mask.
+    The unmasked policy's log-probs differ on these batches (the shield removes actions carrying probability), so
+    storing those fails here (issue #53)."""
+    pytest.importorskip("torchrl")
+    from icml26.sarl import mappo, torchrl_loss
+
+    seen = []
+    pack = torchrl_loss.pack_batch
+
+    def recording(obs, amask, act, logp, adv, ret):
+        if not seen:  # the first minibatch: the policy is still the rollout's
+            was_training = pol.training
+            pol.eval()  # no router noise: the rollout's function
+            with torch.no_grad():
+                logits = mappo.forward(pol, kind, obs)[0]
+            pol.train(was_training)
+            masked = torch.distributions.Categorical(logits=logits.masked_fill(~amask, -1e9)).log_prob(act)
+            unmasked = torch.distributions.Categorical(logits=logits).log_prob(act)
+            seen.append((masked, unmasked, logp, amask))
+        return pack(obs, amask, act, logp, adv, ret)
+
+    monkeypatch.setattr(torchrl_loss, "pack_batch", recording)
+    torch.manual_seed(0)
+    pol = KNNMLPPolicy() if kind == "knn" else SARLPolicy()
+    make = lambda: AirspaceCore(n_envs=4, n_aircraft=6, scenario="circle", seed=1)  # noqa: E731
+    cfg = PPOConfig(n_envs=4, rollout=8, epochs=1, minibatches=1)
+    train(pol, kind, make, cfg, total_agent_steps=1, seed=0, shield_train=True)
+    masked, unmasked, old, amask = seen[0]
+    assert (~amask).any(-1).sum() >= 10  # the shield removed actions on many decisions
+    assert float((masked - unmasked).max()) > 0.05  # the two hypotheses differ on this batch
+    np.testing.assert_allclose(torch.exp(masked - old).numpy(), 1.0, atol=1e-5)
