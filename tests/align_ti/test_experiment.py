@@ -117,3 +117,25 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     assert_matches_committed(
         data, atol=0.05, metrics={"setup.flop_ratio_align_ti_vs_kd": 1e-9, "setup.iva_layer": 0.0, **wall}
     )
+
+
+def test_iva_layer_is_the_argmax_of_irs_on_a_three_layer_teacher():
+    """The reproduction's ``l*`` maximises IRS (the paper: the layer whose instruction-to-vision attention moves
+    most with the instruction); its IRS list is the loss module's, layer by layer, on the calibration pairs."""
+    from icml26.align_ti.loss import instruction_relevance_scores
+    from icml26.common.tiny_vlm import SceneSpec, VLMSpec, tiny_vlm, vlm_tokenizer
+
+    cfg = dataclasses.replace(SMOKE, n_irs_pairs=8)
+    tok = vlm_tokenizer()
+    teacher = tiny_vlm(tok, VLMSpec(hidden=32, layers=3, intermediate=64), SceneSpec(grid=cfg.grid), seed=5).eval()
+    with torch.no_grad():
+        for layer in teacher.model.language_model.layers:  # sharp attention: the layers' IRS differ
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    layer, irs = experiment.iva_layer(cfg, teacher, tok)
+    direct = instruction_relevance_scores(
+        teacher, experiment.calibration_pairs(cfg, tok), tok.convert_tokens_to_ids("<image>")
+    )
+    np.testing.assert_allclose(irs, direct.numpy(), rtol=1e-6)
+    assert len(irs) == 3 and len(set(np.round(irs, 6))) == 3
+    assert layer == int(np.argmax(irs)) and irs[layer] > max(v for i, v in enumerate(irs) if i != layer)

@@ -14,6 +14,7 @@ from icml26.align_ti.loss import (
     build_branch_attention_mask,
     extend_with_branches,
     generalized_jsd,
+    instruction_relevance_scores,
     instruction_vision_attention,
     irs_from_alphas,
     iva_divergence,
@@ -325,3 +326,108 @@ def test_bad_input(models):
         )
         AlignTILoss(image_token_id=image, iva_layer=0, tpa_weight=0)(student, sdpa, batch)
     assert isinstance(Branches, type)
+
+
+# ------------------------------------------------------------------ a three-layer teacher: l* is not the last layer
+@pytest.fixture(scope="module")
+def deep():
+    """A sharpened 3-layer teacher (so layers differ), a 1-layer student, a batch with answers, and IRS pairs
+    (same images, questions about two different patches, answers included as in the reproduction's pairs)."""
+    pytest.importorskip("transformers")
+    from icml26.common.tiny_vlm import (
+        SceneSpec,
+        VLMSpec,
+        encode,
+        item_for,
+        make_items,
+        render,
+        sample_scenes,
+        tiny_vlm,
+        vlm_tokenizer,
+    )
+
+    tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
+    teacher = _sharpened(tiny_vlm(tok, VLMSpec(hidden=32, layers=3, intermediate=64), scenes, seed=5), 6.0).eval()
+    student = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=6).eval()
+    rng = np.random.default_rng(1)
+    attrs = sample_scenes(scenes, rng, 4)
+    batch = encode(tok, make_items(scenes, attrs, rng, ["patch", "count", "object"]), scenes, attrs, rng)
+    images = render(scenes, attrs, rng)
+    a = [item_for(scenes, attrs[i], "patch", patch=i % 4) for i in range(4)]
+    b = [item_for(scenes, attrs[i], "patch", patch=(i + 1) % 4) for i in range(4)]
+    pairs = [(encode(tok, a, scenes, None, images=images), encode(tok, b, scenes, None, images=images))]
+    return tok, teacher, student, batch, pairs
+
+
+def _hand_masks(batch, image):
+    """Visual tokens, and the instruction: prompt words after BOS, never the image, the answer or padding."""
+    ids, valid = batch["input_ids"], batch["attention_mask"].bool()
+    visual = (ids == image) & valid
+    instruction = valid & (ids != image) & (batch["labels"] == -100)
+    instruction[:, 0] = False
+    return visual.numpy(), instruction.numpy()
+
+
+def test_irs_per_layer_matches_the_reference_on_a_three_layer_teacher(deep):
+    """IRS(l) for l = 0, 1, 2 in layer order, from the float64 reference on the teacher's own attention maps,
+    instruction rows excluding the answer (the pairs carry labels)."""
+    tok, teacher, _student, _batch, pairs = deep
+    image = tok.convert_tokens_to_ids("<image>")
+    ours = instruction_relevance_scores(teacher, pairs, image)
+    alphas = []
+    for side in (0, 1):
+        b = pairs[0][side]
+        with torch.no_grad():
+            maps = teacher(**{k: v for k, v in b.items() if k != "labels"}, output_attentions=True).attentions
+        vis, inst = _hand_masks(b, image)
+        alphas.append(
+            np.stack([reference.alpha(m.double().numpy(), vis, inst)[vis].reshape(vis.shape[0], -1) for m in maps])
+        )
+    ref = reference.irs(alphas[0], alphas[1])
+    assert ours.shape == (3,)
+    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-4, atol=1e-7)
+    assert len(set(np.round(ref, 6))) == 3  # the layers differ, so an order or layer mix-up shows
+
+
+@pytest.mark.parametrize("iva_layer", [0, 1, 2])
+def test_iva_uses_layer_l_star_of_a_three_layer_teacher(deep, iva_layer):
+    """IVA weighted by the teacher's attention at ``iva_layer`` (not the last layer, not its neighbour), against
+    the float64 reference; the three layers give three different values."""
+    tok, teacher, student, batch, _pairs = deep
+    image = tok.convert_tokens_to_ids("<image>")
+    out = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_weight=0)(student, teacher, batch)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        s = student(**inputs).logits.double().numpy()
+        t_out = teacher(**inputs, output_attentions=True)
+    vis, inst = _hand_masks(batch, image)
+    values = [
+        reference.iva(s, t_out.logits.double().numpy(), reference.alpha(m.double().numpy(), vis, inst))
+        for m in t_out.attentions
+    ]
+    assert float(out["iva"]) == pytest.approx(values[iva_layer], rel=1e-5)
+    assert min(abs(values[i] - values[j]) for i, j in ((0, 1), (0, 2), (1, 2))) > 1e-4 * max(values)
+
+
+def test_only_layer_l_star_attention_is_taken(deep):
+    """The loss's teacher forward asks for no attention maps (``output_attentions`` unset): layer l*'s map comes
+    from a hook on its attention module and equals what ``output_attentions=True`` returns for that layer."""
+    from icml26.align_ti.loss import _forward_with_attention
+
+    tok, teacher, student, batch, _pairs = deep
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        full = teacher(**inputs, output_attentions=True)
+        for layer in range(3):
+            out, attn = _forward_with_attention(teacher, inputs, layer)
+            assert torch.equal(attn, full.attentions[layer])
+            assert torch.equal(out.logits, full.logits) and out.attentions is None
+    seen = []
+    hook = teacher.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw.get("output_attentions")), with_kwargs=True
+    )
+    try:
+        AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"))(student, teacher, batch)
+    finally:
+        hook.remove()
+    assert seen == [None]

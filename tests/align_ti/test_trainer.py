@@ -33,6 +33,8 @@ def setup(tmp_path):
             per_device_train_batch_size=8,
             report_to=[],
             lmbda=0.0,
+            temperature=1.0,
+            beta=0.0,
             use_cpu=True,
             save_strategy="no",
             disable_tqdm=True,
@@ -125,6 +127,46 @@ def test_trainer_bad_input(setup):
             data_collator=VLMCollator(tok),
             align_loss=loss,
         )
+
+
+def test_trainer_refuses_temperature_and_beta_it_would_ignore(setup):
+    """GKDConfig's ``temperature`` and ``beta`` must agree with the loss (TRL defaults 0.9 and 0.5 do not)."""
+    tok, _scenes, teacher, student, data, args, loss = setup
+    kw = dict(model=student, teacher_model=teacher, train_dataset=data, processing_class=tok,
+              data_collator=VLMCollator(tok))
+    with pytest.raises(ValueError, match=r"temperature=0\.9 differs"):
+        AlignTITrainer(args=args(temperature=0.9), align_loss=loss, **kw)
+    with pytest.raises(ValueError, match=r"beta=0\.5 is not honoured"):
+        AlignTITrainer(args=args(beta=0.5), align_loss=loss, **kw)
+    with pytest.raises(ValueError, match=r"beta=1\.0 is not honoured"):
+        AlignTITrainer(args=args(beta=1.0), align_loss=loss, **kw)
+    image = tok.convert_tokens_to_ids("<image>")
+    reverse = AlignTILoss(iva_layer=1, image_token_id=image, kd_direction="reverse", temperature=2.0)
+    trainer = AlignTITrainer(args=args(beta=1.0, temperature=2.0), align_loss=reverse, **kw)
+    assert trainer.align_loss is reverse
+    with pytest.raises(ValueError, match=r"beta=0\.0 is not honoured"):
+        AlignTITrainer(args=args(temperature=2.0), align_loss=reverse, **kw)
+
+
+def test_predict_returns_the_students_logits_and_the_loss(setup):
+    """``predict`` (Trainer.prediction_step through compute_loss(return_outputs=True)): the student's sequence
+    logits, the batch's labels and Align-TI's loss on it, equal to the direct computations."""
+    tok, _scenes, teacher, student, data, args, _ = setup
+    loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"), tpa_weight=0)
+    trainer = AlignTITrainer(model=student, teacher_model=teacher, args=args(per_device_eval_batch_size=16),
+                             train_dataset=data, data_collator=VLMCollator(tok), processing_class=tok,
+                             align_loss=loss)
+    with contextlib.redirect_stdout(io.StringIO()):
+        pred = trainer.predict(data)
+    batch = VLMCollator(tok)([data[i] for i in range(len(data))])
+    student.eval()
+    with torch.no_grad():
+        logits = student(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        direct = float(loss(student, teacher, batch)["loss"])
+    assert pred.predictions.shape == tuple(logits.shape)
+    np.testing.assert_allclose(pred.predictions, logits.numpy(), atol=1e-5)
+    assert np.array_equal(pred.label_ids, batch["labels"].numpy())
+    assert pred.metrics["test_loss"] == pytest.approx(direct, rel=1e-5)
 
 
 def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):

@@ -105,3 +105,23 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     assert_matches_committed(data, atol=0.05, metrics={"paper_scale.flops_overhead": 1e-9,
                                                        "paper_scale.params_overhead": 1e-9,
                                                        "paper_scale.flops_overhead_2048": 1e-9})
+
+
+def test_each_arm_builds_its_own_module_and_only_moda_reads_the_instruction():
+    """The "moda" arm is MoDA (``MoDAAdapter``, not the text-free ``SelfAttentionGate`` of the same size): its gate
+    moves with the instruction, the self-gate's does not (issue #54: a swapped arm passed every other test)."""
+    import torch
+
+    from icml26.moda import AdditiveCrossAttention, FiLM, MoDAAdapter, ResidualMLP, SelfAttentionGate
+
+    expected = {"mlp": ResidualMLP, "selfgate": SelfAttentionGate, "film": FiLM,
+                "additive": AdditiveCrossAttention, "moda": MoDAAdapter}
+    built = {arm: make_arm(arm, SMOKE, 0) for arm in expected}
+    assert {arm: type(m) for arm, m in built.items()} == expected
+    g = torch.Generator().manual_seed(0)
+    visual = torch.randn(1, 4, SMOKE.hidden, generator=g)
+    text_a, text_b = torch.randn(1, 3, SMOKE.hidden, generator=g), torch.randn(1, 3, SMOKE.hidden, generator=g)
+    with torch.no_grad():
+        moda, gate = built["moda"].eval(), built["selfgate"].eval()
+        assert not torch.allclose(moda(visual, text_a, None), moda(visual, text_b, None))
+        assert torch.equal(gate(visual, text_a, None), gate(visual, text_b, None))

@@ -226,3 +226,115 @@ def test_empty_instructions_and_missing_ids_are_refused():
         model(inputs_embeds=embeds, pixel_values=b["pixel_values"], attention_mask=b["attention_mask"])
     with pytest.raises(RuntimeError, match="outside the model's forward"):
         model.model.get_image_features(pixel_values=b["pixel_values"])
+
+
+# ------------------------------------------------------------------------ issue #54: template, dtype, LLaVA-NeXT
+TEMPLATE = (30, 31)  # "ASSISTANT :" of this vocabulary
+
+
+def templated_batch(answers=((8, 9), (12,))):
+    """Rows ``<s> img x4 prompt ASSISTANT : answer``, right-padded; labels on the answers."""
+    rows = [[1, *[IMAGE] * 4, 5, 6, *TEMPLATE, *answers[0]], [1, *[IMAGE] * 4, 10, *TEMPLATE, *answers[1]]]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    labels = torch.full_like(ids, -100)
+    labels[0, 9:9 + len(answers[0])] = torch.tensor(answers[0])
+    labels[1, 8:8 + len(answers[1])] = torch.tensor(answers[1])
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "attention_mask": (ids != PAD).long(), "labels": labels, "pixel_values": pixels}
+
+
+def test_without_labels_the_template_keeps_the_answer_from_the_gate():
+    """With ``response_template``, a forward without labels gives the gate exactly the prompt (through the
+    template): changing the answer tokens changes neither the text the adapter sees nor the gate."""
+    spy = Spy()
+    model = attach_moda(tiny_llava(), spy, response_template=TEMPLATE)
+    b = templated_batch()
+    model(**{k: v for k, v in b.items() if k != "labels"})
+    _, text, pad = spy.seen
+    emb = model.get_input_embeddings()
+    assert pad.tolist() == [[False] * 5, [False] * 4 + [True]]
+    torch.testing.assert_close(text[0], emb(torch.tensor([1, 5, 6, *TEMPLATE])).detach())
+    torch.testing.assert_close(text[1, :4], emb(torch.tensor([1, 10, *TEMPLATE])).detach())
+
+    model = attach_moda(tiny_llava(), moda(), response_template=TEMPLATE)
+    gates = []
+    for answers in (((8, 9), (12,)), ((20, 21), (22,))):
+        b = templated_batch(answers)
+        for with_labels in (False, True):
+            model(**{k: v for k, v in b.items() if with_labels or k != "labels"})
+            gates.append(get_moda(model).last_mask.detach().clone())
+    for g in gates[1:]:
+        torch.testing.assert_close(g, gates[0], rtol=0, atol=0)
+    # without the template the answer does reach the gate of an unlabelled call (the documented limit)
+    plain = attach_moda(tiny_llava(), moda())
+    seen = []
+    for answers in (((8, 9), (12,)), ((20, 21), (22,))):
+        plain(**{k: v for k, v in templated_batch(answers).items() if k != "labels"})
+        seen.append(get_moda(plain).last_mask.detach().clone())
+    assert not torch.equal(seen[0], seen[1])
+
+
+def test_after_response_template_by_hand():
+    from icml26.moda.hf import after_response_template
+
+    ids = torch.tensor([[1, 30, 31, 4, 30, 31, 5, 6], [1, 2, 30, 3, 31, 4, 5, 0], [1, 2, 3, 30, 31, 0, 0, 0]])
+    valid = torch.tensor([[1] * 8, [1] * 7 + [0], [1] * 5 + [0] * 3])
+    got = after_response_template(ids, TEMPLATE, valid).int().tolist()
+    # the last occurrence counts; a split template is no template; a template at the end leaves nothing after
+    assert got == [[0, 0, 0, 0, 0, 0, 1, 1], [0] * 8, [0, 0, 0, 0, 0, 1, 1, 1]]
+    assert after_response_template(ids[:, :1], TEMPLATE).int().tolist() == [[0], [0], [0]]
+
+
+def test_template_survives_save_and_from_pretrained(tmp_path):
+    model = attach_moda(tiny_llava(), moda(), response_template=TEMPLATE)
+    model.save_pretrained(tmp_path)
+    again = from_pretrained_with_moda(tmp_path).eval()
+    assert list(again.config.moda_response_template) == list(TEMPLATE)
+    b = templated_batch()
+    inputs = {k: v for k, v in b.items() if k != "labels"}
+    torch.testing.assert_close(again(**inputs).logits, model(**inputs).logits)
+    detach_moda(again)
+    assert not hasattr(again.config, "moda_response_template")
+
+
+def test_bf16_model_gets_a_bf16_adapter():
+    """A float32 adapter attached to a bfloat16 LLaVA is moved to bfloat16: forward (with the loss) and backward
+    work, and the adapter's parameters and gradients are bfloat16."""
+    model = tiny_llava().to(torch.bfloat16)
+    adapter = moda()
+    attach_moda(model, adapter)
+    assert get_moda(model) is adapter
+    assert {p.dtype for p in get_moda(model).parameters()} == {torch.bfloat16}
+    b = batch()
+    out = model(**b)
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in get_moda(model).parameters())
+    text, pad = instruction_embeddings(model, b["input_ids"], b["attention_mask"], b["labels"])
+    assert text.dtype == torch.bfloat16 and pad.shape == text.shape[:2]
+
+
+def test_llava_next_is_refused_with_a_message_that_names_what_works():
+    tf = transformers
+    cfg = tf.LlavaNextConfig(
+        vision_config=tf.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=16, patch_size=8),
+        text_config=tf.LlamaConfig(vocab_size=VOCAB, hidden_size=E, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, pad_token_id=PAD),
+        image_token_index=IMAGE, image_grid_pinpoints=[[16, 16], [16, 32]], vision_feature_layer=-1)
+    torch.manual_seed(0)
+    with pytest.raises(TypeError, match="LlavaNextForConditionalGeneration is not supported"):
+        attach_moda(tf.LlavaNextForConditionalGeneration(cfg), moda())
+    with pytest.raises(TypeError, match=r"LLaVA-1\.5-style") as err:
+        attach_moda(torch.nn.Linear(2, 2), moda())
+    assert "LlavaNext" not in str(err.value)
+
+
+def test_bad_response_templates_are_refused():
+    with pytest.raises(ValueError, match="response_template is empty"):
+        attach_moda(tiny_llava(), moda(), response_template=())
+    with pytest.raises(TypeError, match="response_template"):
+        attach_moda(tiny_llava(), moda(), response_template="ASSISTANT:")
+    with pytest.raises(TypeError, match="response_template"):
+        attach_moda(tiny_llava(), moda(), response_template=[30, 1.5])

@@ -449,7 +449,7 @@ class AlignTILoss(nn.Module):
     The student runs once without gradient to propose TPA's alternatives, then once (with gradient) over the
     sequence *and* all branches with the branch mask (the sequence positions of that pass are exactly the plain
     forward's, since no sequence token attends to a branch); the teacher runs once, no gradient, over the same
-    extended inputs, with its attention maps when IVA is on. With ``tpa_weight = 0`` both run once, plainly.
+    extended inputs, keeping layer ``l*``'s attention map when IVA is on (only that layer's). With ``tpa_weight = 0`` both run once, plainly.
     IVA and TPA are reconstructions (module docstring).
 
     Args:
@@ -538,10 +538,13 @@ class AlignTILoss(nn.Module):
         teacher: Any,
         batch: dict[str, torch.Tensor],
         generator: torch.Generator | None = None,
+        return_logits: bool = False,
     ) -> dict[str, torch.Tensor]:
         """``{"loss", "sft", "kd", "iva", "tpa"}`` (scalars; ``loss`` carries the student's gradient).
 
         ``batch``: LLaVA inputs with ``labels`` (-100 off the response), e.g. ``tiny_vlm.encode``.
+        ``return_logits``: also return ``"logits"``, the student's ``(B, T, V)`` logits at the sequence positions
+        (detached; what ``Trainer.predict`` collects).
         """
         if "labels" not in batch:
             raise ValueError("batch must hold labels (-100 off the response)")
@@ -582,7 +585,11 @@ class AlignTILoss(nn.Module):
         _check_finite("student logits", s_logits)
         teacher.eval()
         with torch.no_grad():
-            t_out = teacher(**inputs, output_attentions=use_iva)
+            if use_iva:
+                # only layer l*'s attention map is kept (a hook on its attention module), not every layer's
+                t_out, attn = _forward_with_attention(teacher, inputs, self.iva_layer)
+            else:
+                t_out, attn = teacher(**inputs), None
         t_logits = t_out.logits
         _check_finite("teacher logits", t_logits)
         if s_logits.shape[-1] != t_logits.shape[-1]:
@@ -611,11 +618,6 @@ class AlignTILoss(nn.Module):
         )
         iva = zero
         if use_iva:
-            attn = t_out.attentions[self.iva_layer] if t_out.attentions else None
-            if attn is None:
-                raise ValueError(
-                    "the teacher returned no attention maps: load it with attn_implementation='eager'"
-                )
             vis, inst = segments(batch, self.image_token_id)
             w = instruction_vision_attention(attn[..., :t_len, :t_len].float(), vis, inst)
             iva = iva_divergence(
@@ -632,13 +634,10 @@ class AlignTILoss(nn.Module):
             )
         # $$L = w_{sft} L_{sft} + w_{kd} L_{kd} + w_{iva} L_{iva} + w_{tpa} L_{tpa}$$
         loss = self.sft_weight * sft + self.kd_weight * kd + self.iva_weight * iva + self.tpa_weight * tpa
-        return {
-            "loss": loss,
-            "sft": sft.detach(),
-            "kd": kd.detach(),
-            "iva": iva.detach(),
-            "tpa": tpa.detach(),
-        }
+        out = {"loss": loss, "sft": sft.detach(), "kd": kd.detach(), "iva": iva.detach(), "tpa": tpa.detach()}
+        if return_logits:
+            out["logits"] = s_seq.detach()
+        return out
 
 
 def _special_ids(model: Any, image_token_id: int | None) -> tuple[int, ...]:
@@ -651,6 +650,39 @@ def _special_ids(model: Any, image_token_id: int | None) -> tuple[int, ...]:
         getattr(cfg, "pad_token_id", None),
     }
     return tuple(sorted(int(i) for i in ids if i is not None))
+
+
+def _forward_with_attention(model: Any, inputs: dict[str, torch.Tensor], layer: int) -> tuple[Any, torch.Tensor]:
+    """``(outputs, attention of decoder layer `layer`)`` from one forward, keeping only that layer's map.
+
+    A forward hook on ``layers[layer].self_attn`` (transformers' attention modules return
+    ``(output, weights)``; eager attention computes the weights whether or not ``output_attentions`` is set) takes
+    the ``(B, H, T, T)`` probabilities, so the other layers' maps are never materialised. Models without a
+    ``self_attn`` module fall back to ``output_attentions=True``.
+
+    Raises:
+        ValueError: the model returned no attention map (not eager attention).
+    """
+    block = _decoder_layers(model)[layer]
+    module = getattr(block, "self_attn", None)
+    if module is None:
+        out = model(**inputs, output_attentions=True)
+        attn = out.attentions[layer] if out.attentions else None
+    else:
+        seen: list[Any] = []
+
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            seen.append(output[1] if isinstance(output, tuple) and len(output) > 1 else None)
+
+        handle = module.register_forward_hook(hook)
+        try:
+            out = model(**inputs)
+        finally:
+            handle.remove()
+        attn = seen[-1] if seen else None
+    if attn is None:
+        raise ValueError("the teacher returned no attention maps: load it with attn_implementation='eager'")
+    return out, attn
 
 
 def _decoder_layers(model: Any) -> Any:

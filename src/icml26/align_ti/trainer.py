@@ -4,7 +4,10 @@ TRL 1.16 keeps GKD under ``trl.experimental.gkd``; its ``compute_loss`` passes o
 ``attention_mask`` to the models (no ``pixel_values``) and its loss is token-level only. This subclass keeps
 everything else of ``GKDTrainer`` (teacher preparation in evaluation mode, the shared-vocabulary check, dropout
 off, logging, saving) and overrides ``compute_loss`` with ``AlignTILoss`` over the full multimodal batch.
-Align-TI trains on the ground-truth responses, so the on-policy options (``lmbda``, ``seq_kd``) must stay off.
+Align-TI trains on the ground-truth responses, so the on-policy options (``lmbda``, ``seq_kd``) must stay off, and
+``GKDConfig``'s divergence settings must agree with the loss's (``temperature`` equal to
+``AlignTILoss.temperature``; ``beta`` 0 for forward KL, 1 for reverse KL, TRL's generalised-JSD convention), else
+the trainer refuses them rather than ignore them. ``predict``/``evaluate`` return the student's logits.
 ``VLMCollator`` pads the lab's per-example dicts (TRL trainers keep only the columns they know, so a VLM batch
 needs its own collator).
 
@@ -18,7 +21,7 @@ Example (CPU, two steps on the lab's tiny models):
     >>> student = tiny_vlm(tok, VLMSpec(hidden=16, layers=1), scenes, seed=1)
     >>> data = lab_examples(tok, scenes, np.random.default_rng(0), 8, ("patch",))
     >>> args = GKDConfig(output_dir=tempfile.mkdtemp(), max_steps=2, per_device_train_batch_size=4,
-    ...                  report_to=[], lmbda=0.0, use_cpu=True, save_strategy="no",
+    ...                  report_to=[], lmbda=0.0, temperature=1.0, beta=0.0, use_cpu=True, save_strategy="no",
     ...                  disable_tqdm=True, bf16=False)
     >>> trainer = AlignTITrainer(model=student, teacher_model=teacher, args=args, train_dataset=data,
     ...     data_collator=VLMCollator(tok), processing_class=tok,
@@ -100,8 +103,12 @@ class AlignTITrainer(GKDTrainer):
         align_loss: the objective (weights, IVA layer, TPA branches); the teacher must use eager attention when
             IVA is on.
         model, teacher_model, args, ...: as ``trl.experimental.gkd.GKDTrainer`` (``args`` a ``GKDConfig`` with
-            ``lmbda=0`` and ``seq_kd=False``); pass a ``data_collator`` that keeps ``pixel_values``
-            (``VLMCollator``).
+            ``lmbda=0``, ``seq_kd=False``, ``temperature`` equal to ``align_loss.temperature`` and ``beta`` 0
+            (``kd_direction="forward"``) or 1 (``"reverse"``)); pass a ``data_collator`` that keeps
+            ``pixel_values`` (``VLMCollator``).
+
+    Raises:
+        ValueError: on-policy options on, or ``temperature``/``beta`` that the loss would not honour.
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gkd", "align-ti"]
@@ -118,6 +125,20 @@ class AlignTITrainer(GKDTrainer):
                 f"Align-TI distils on the ground-truth responses: set lmbda=0 and seq_kd=False "
                 f"(got lmbda={config.lmbda}, seq_kd={config.seq_kd})"
             )
+        # TRL: temperature samples on-policy completions (none at lmbda=0) and beta interpolates the generalised
+        # JSD (0: KL(p_T || p_S), 1: KL(p_S || p_T)); Align-TI's terms are one KL direction at one temperature
+        if config.temperature != align_loss.temperature:
+            raise ValueError(
+                f"GKDConfig.temperature={config.temperature} differs from align_loss.temperature="
+                f"{align_loss.temperature} (the KD temperature this trainer uses): set them equal"
+            )
+        want = {"forward": 0.0, "reverse": 1.0}[align_loss.kd_direction]
+        if config.beta != want:
+            raise ValueError(
+                f"GKDConfig.beta={config.beta} is not honoured: Align-TI's KL terms are "
+                f"{align_loss.kd_direction} KL, which is beta={want} in TRL's generalised JSD (set beta={want}, or "
+                f"AlignTILoss(kd_direction=...) to the other direction)"
+            )
         if kwargs.get("data_collator") is None:
             raise ValueError(
                 "data_collator is required (e.g. VLMCollator): GKD's ChatML collator drops images"
@@ -132,11 +153,17 @@ class AlignTITrainer(GKDTrainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """Align-TI's loss of the student ``model`` against ``self.teacher_model`` on the whole batch."""
-        out = self.align_loss(model, self.teacher_model, inputs)
+        """Align-TI's loss of the student ``model`` against ``self.teacher_model`` on the whole batch; with
+        ``return_outputs``, ``(loss, CausalLMOutput(logits=the student's sequence logits))`` (TRL's
+        ``prediction_step``)."""
+        out = self.align_loss(model, self.teacher_model, inputs, return_logits=return_outputs)
         if self.model.training:
-            self._align_logs = {k: float(v.detach()) for k, v in out.items() if k != "loss"}
-        return (out["loss"], None) if return_outputs else out["loss"]
+            self._align_logs = {k: float(v.detach()) for k, v in out.items() if k not in ("loss", "logits")}
+        if not return_outputs:
+            return out["loss"]
+        from transformers.modeling_outputs import CausalLMOutput
+
+        return out["loss"], CausalLMOutput(loss=out["loss"].detach(), logits=out["logits"])
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, with the last step's Align-TI terms (``sft``, ``kd``, ``iva``, ``tpa``)."""

@@ -8,9 +8,14 @@
 where ``T`` are the language model's input embeddings (``embed_tokens``) of the **instruction**: the tokens
 that are neither image placeholders nor padding and, when ``labels`` are passed (training), whose label is -100
 (the prompt side), i.e. the official rule (``labels == -100`` minus the image token) with a key-padding mask
-added. Without labels (inference) every non-image, non-padding token counts, which is the prompt during
-generation. The adapter is looked up by name on every call, so PEFT's ``modules_to_save=["moda"]`` (which
-replaces it by a trainable copy) works; it must then be saved with the adapter.
+added. ``attach_moda(..., response_template=ids)`` (the token ids that open the assistant's turn, e.g. the ids of
+LLaVA-1.5's ``"ASSISTANT:"``) also cuts each row after the last occurrence of the template, with or without
+labels, so a teacher-forced forward without labels (scoring) never shows the answer to the gate. Without labels
+and without a template every non-image, non-padding token counts: right for prompt-only inputs (``generate``
+passes the prompt), a leak of the answer for a prompt + answer input. The adapter is moved to the projector's
+dtype and device when attached (a float32 adapter on a bfloat16 model runs in bfloat16). The adapter is
+looked up by name on every call, so PEFT's ``modules_to_save=["moda"]`` (which replaces it by a trainable copy)
+works; it must then be saved with the adapter. LLaVA-NeXT (any-resolution crops) is refused.
 
 Saved with ``save_pretrained``, the checkpoint holds the adapter's weights under ``model.moda.*`` and its
 constructor arguments in ``config.moda``; ``from_pretrained_with_moda(path)`` rebuilds and re-attaches it (a
@@ -56,8 +61,17 @@ def _core(model: nn.Module) -> nn.Module:
         if candidate is not None and isinstance(getattr(candidate, "multi_modal_projector", None), nn.Module):
             return candidate
     raise TypeError(f"{type(model).__name__} has no multi_modal_projector (model.model.multi_modal_projector): "
-                    "attach_moda supports LLaVA-family models (LlavaForConditionalGeneration, LlavaModel, "
-                    "LlavaNext..., which share that layout)")
+                    "attach_moda supports LLaVA-1.5-style models (LlavaForConditionalGeneration, LlavaModel)")
+
+
+def _check_supported(core: nn.Module, model: nn.Module) -> None:
+    """Refuse LLaVA-NeXT-style cores: their projector output holds several any-resolution crops per image, which
+    are then unpadded and joined by ``image_newline`` tokens, so one projector row is not one image's tokens."""
+    name = type(model).__name__
+    if hasattr(core, "image_newline") or "LlavaNext" in name or "LlavaOnevision" in name:
+        raise TypeError(f"{type(model).__name__} is not supported: attach_moda supports LLaVA-1.5-style models "
+                        "(LlavaForConditionalGeneration, LlavaModel), one projector output per image; LLaVA-NeXT's "
+                        "any-resolution crops (image_newline) are not mapped to their instructions")
 
 
 def _image_token_id(model: nn.Module) -> int:
@@ -69,12 +83,52 @@ def _image_token_id(model: nn.Module) -> int:
     raise TypeError(f"{type(model).__name__}.config has no image_token_id")
 
 
+def _check_template(response_template: Any) -> tuple[int, ...] | None:
+    if response_template is None:
+        return None
+    if isinstance(response_template, (str, bytes)) or not hasattr(response_template, "__iter__"):
+        raise TypeError("response_template must be a sequence of token ids (ints), got "
+                        f"{type(response_template).__name__}")
+    ids = tuple(response_template)
+    if not ids:
+        raise ValueError("response_template is empty: give the token ids that open the assistant's turn")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise TypeError(f"response_template must hold non-negative int token ids, got {list(ids)}")
+    return ids
+
+
+def after_response_template(input_ids: Tensor, response_template: tuple[int, ...],
+                            valid: Tensor | None = None) -> Tensor:
+    """``(B, T)`` bool: the positions after the end of each row's last ``response_template`` occurrence (the
+    response); all False in a row without it.
+
+    Example:
+        >>> after_response_template(torch.tensor([[1, 7, 8, 9, 7, 8, 5, 6], [1, 2, 3, 4, 5, 6, 7, 9]]), (7, 8)).int()
+        tensor([[0, 0, 0, 0, 0, 0, 1, 1],
+                [0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    """
+    b, t = input_ids.shape
+    m = len(response_template)
+    out = torch.zeros(b, t, dtype=torch.bool, device=input_ids.device)
+    if t < m:
+        return out
+    tmpl = torch.tensor(response_template, dtype=input_ids.dtype, device=input_ids.device)
+    hit = (input_ids.unfold(1, m, 1) == tmpl).all(-1)  # (B, T - m + 1): a template starts here
+    if valid is not None:
+        hit &= valid.bool().unfold(1, m, 1).all(-1)
+    starts = torch.arange(t - m + 1, device=input_ids.device)
+    last = torch.where(hit, starts, torch.full_like(starts, -1)).max(1).values
+    pos = torch.arange(t, device=input_ids.device)[None, :]
+    return (last[:, None] >= 0) & (pos >= (last + m)[:, None])
+
+
 def instruction_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
-                           labels: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                           labels: Tensor | None = None, response_template: Any = None) -> tuple[Tensor, Tensor]:
     """``(T, pad)``: right-padded LM input embeddings of each row's instruction tokens and the padding mask.
 
     Instruction tokens: not the image placeholder, not padding (``attention_mask`` 0, or the pad id when no mask
-    is given) and, when ``labels`` are given, labelled -100 (the prompt side).
+    is given), when ``labels`` are given labelled -100 (the prompt side), and when ``response_template`` (token ids)
+    is given not after the row's last occurrence of it (``after_response_template``), labels or not.
 
     Raises:
         ValueError: a row has no instruction token.
@@ -93,6 +147,9 @@ def instruction_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: 
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels has shape {tuple(labels.shape)} but input_ids has {tuple(input_ids.shape)}")
         keep &= labels == IGNORE_INDEX
+    template = _check_template(response_template)
+    if template is not None:
+        keep &= ~after_response_template(input_ids, template, attention_mask)
     counts = keep.sum(1)
     if bool((counts == 0).any()):
         rows = (counts == 0).nonzero().flatten().tolist()
@@ -116,7 +173,8 @@ class _Context:
         self.active = False
 
 
-def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instruction") -> nn.Module:
+def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instruction",
+                response_template: Any = None) -> nn.Module:
     """Insert ``moda`` after the projector of a ``transformers`` LLaVA-family model (in place; returns it).
 
     Args:
@@ -124,19 +182,27 @@ def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instru
         moda: a ``MoDAAdapter``, or any module with its call signature ``(visual, text, text_padding_mask)``
             (the reproduction's comparison arms). Its ``embed_dim`` must equal the LM's hidden size.
         text_source: ``"instruction"`` (the only choice): prompt tokens, never the response.
+        response_template: token ids opening the assistant's turn (e.g. ``tokenizer("ASSISTANT:",
+            add_special_tokens=False).input_ids``); tokens after a row's last occurrence never reach the gate, with
+            or without ``labels``. ``None``: only ``labels`` mark the response (see the module docstring).
+
+    The adapter is moved to the projector's dtype and device (its parameters become, e.g., bfloat16).
 
     Returns:
         ``model``, whose forward now modulates the visual tokens with the instruction of the same call.
 
     Raises:
-        TypeError: not a LLaVA-family model, or ``moda`` is not an ``nn.Module``.
-        ValueError: width mismatch, MoDA already attached, or an unknown ``text_source``.
+        TypeError: not a LLaVA-1.5-style model (LLaVA-NeXT is refused), ``moda`` is not an ``nn.Module``, or a
+            ``response_template`` that is not token ids.
+        ValueError: width mismatch, MoDA already attached, an unknown ``text_source`` or an empty template.
     """
     if text_source != "instruction":
         raise ValueError(f"text_source must be 'instruction' (prompt tokens only), got {text_source!r}")
     if not isinstance(moda, nn.Module):
         raise TypeError(f"moda must be an nn.Module, got {type(moda).__name__}")
+    template = _check_template(response_template)
     core = _core(model)
+    _check_supported(core, model)
     if hasattr(model, _STATE) or ADAPTER_NAME in core._modules:
         raise ValueError("this model already has a MoDA adapter attached")
     hidden = model.get_input_embeddings().embedding_dim
@@ -144,6 +210,10 @@ def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instru
     if width is not None and width != hidden:
         raise ValueError(f"the adapter's embed_dim={width} differs from the language model's hidden size {hidden}")
     _image_token_id(model)
+    proj = next(core.multi_modal_projector.parameters(), None)
+    if proj is not None:
+        # the adapter runs in the projector's dtype (bf16 models: bf16 adapters) on its device
+        moda.to(device=proj.device, dtype=proj.dtype)
     core.add_module(ADAPTER_NAME, moda)
     ctx = _Context()
     signature = inspect.signature(model.forward)
@@ -165,7 +235,7 @@ def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instru
                                "(with input_ids) so the adapter sees the instruction")
         if ctx.input_ids is None:
             raise ValueError("MoDA needs input_ids to find the instruction (inputs_embeds alone are not enough)")
-        text, pad = instruction_embeddings(model, ctx.input_ids, ctx.attention_mask, ctx.labels)
+        text, pad = instruction_embeddings(model, ctx.input_ids, ctx.attention_mask, ctx.labels, template)
         n_tokens = output.shape[1]
         per_row = (ctx.input_ids == _image_token_id(model)).sum(1)
         if bool((per_row % n_tokens).any()):
@@ -202,6 +272,8 @@ def attach_moda(model: nn.Module, moda: nn.Module, *, text_source: str = "instru
         object.__setattr__(model, "generate", generate)
     if isinstance(moda, MoDAAdapter):
         model.config.moda = moda.config_dict()
+    if template is not None:
+        model.config.moda_response_template = list(template)
     return model
 
 
@@ -216,8 +288,9 @@ def detach_moda(model: nn.Module) -> nn.Module:
     model.__dict__.pop("generate", None)
     core = _core(model)
     del core._modules[ADAPTER_NAME]
-    if hasattr(model.config, "moda"):
-        del model.config.moda
+    for key in ("moda", "moda_response_template"):
+        if hasattr(model.config, key):
+            delattr(model.config, key)
     return model
 
 
@@ -275,4 +348,4 @@ def from_pretrained_with_moda(path: str | os.PathLike[str], model_class: Any = N
     moda.load_state_dict(state)
     param = next(model.parameters())
     moda.to(device=param.device, dtype=param.dtype)
-    return attach_moda(model, moda.train(model.training))
+    return attach_moda(model, moda.train(model.training), response_template=config.get("moda_response_template"))
