@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
 import time
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .regex import compile_regex, findall_utf8, spans_utf8
-from .text import _INVISIBLE, NormalizedStrings, canonical_amount, deobfuscate, normalize
+from .text import _INVISIBLE, _TLD_SET, TLDS, NormalizedStrings, canonical_amount, deobfuscate, normalize
 
 # linear-time (RE2): a tool output of any size is scanned in one pass
 _TAINT = (r"[\w.+-]+@[\w-]+\.[\w.-]+|https?://\S+|(?:/|~/)[\w./-]+|\b[\w.-]+\.[a-z]{2,4}(?:/[\w./-]*)?"
@@ -25,10 +26,22 @@ MAX_SCAN_CHARS = 1_000_000       # the part of one string scanned for tainted va
 # matched with core.regex.findall_utf8)
 _ENTITY = (
     r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?i:https?://[^\s,;]+|www\.[^\s,;]+)"
-    r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|ch|de|uk|info|biz|xyz|fr|it)\b"
+    r"|(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:" + "|".join(TLDS) + r")\b"
     r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
 )
 MAX_ENTITY_SCAN = 1_000_000
+# issue #49 items 1 and 5: network addresses and reversed e-mail addresses, beside the entities above.
+# An IPv4 address is four dot-separated decimal numbers of 0-255 that are not part of a longer dotted number
+# ("1.2.3.4.5") or of a word ("v1.2.3.4"), and not right after a version word ("version 1.2.3.4", "release", "build",
+# "ver"): those are version numbers. An IPv6 address is a run of hex groups and colons that ``ipaddress`` accepts
+# ("12:30:45" is none) with a decimal digit and not inside a word ("Foo::add"). Loopback and unspecified addresses (127.0.0.1, ::1, 0.0.0.0, ::) name no party.
+_IP = (r"\b\d{1,3}(?:\.\d{1,3}){3}\b(?:\.\d+)*"
+       r"|(?i:\b[0-9a-f]{1,4}(?::[0-9a-f]{0,4}){2,7}|::(?:[0-9a-f]{1,4}:){0,6}[0-9a-f]{1,4})\b(?:\.\d{1,3}){0,3}")
+_VERSION_WORD = re.compile(r"(?i)(?:\b(?:version|ver|release|build|rev)\.?[ :]*|[\d.])$")
+# an address written backwards ("oi.live@eve" for eve@evil.io): kept reversed when the reverse is an address whose
+# top-level domain is known and the address as written ends in none (a forward address is read forwards)
+_REVERSED = r"[\w-]+(?:\.[\w-]+)+@[\w.+-]*[\w+-]"
+_FORWARD = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 # one tool output, all its strings together (issue #48 item 2): the responder scans at most this much of it and
 # records the rest as not read. Far above what the embedded worlds and AgentDojo's suites return (tens of KB, a few
 # thousand values); a 650 KB page or a 300k-row listing is cut here instead of stalling the agent.
@@ -79,15 +92,20 @@ def _strings_walked(value: Any, per_string: Callable[[str], set[str]]) -> set[st
 
 
 def entities(value: Any) -> set[str]:
-    """Normalised e-mail addresses, URLs, web domains and IBAN-like account numbers in ``value`` (strings, lists
-    and mappings walked without recursion; the first ``MAX_ENTITY_SCAN`` characters of each string; RE2, so linear
-    time). Each string is :func:`~icml26.air.core.text.deobfuscate` d first (NFKC, zero-width characters,
-    ``[at]``/``(dot)``), matched in any case, and account numbers written in groups (``US13 3000 ...``) are joined.
+    """Normalised e-mail addresses, URLs, web domains and host names, IBAN-like account numbers and IPv4/IPv6
+    addresses in ``value`` (strings, lists and mappings walked without recursion; the first ``MAX_ENTITY_SCAN``
+    characters of each string; RE2, so linear time). Each string is :func:`~icml26.air.core.text.deobfuscate` d
+    first (NFKC, zero-width characters, ``[at]``/``(dot)``, confusable letters, ``&#64;``/``%40``, spelled-out
+    ``at``/``dot``, line splits), matched in any case; account numbers written in groups (``US13 3000 ...``) are
+    joined, an address written backwards (``oi.live@eve``) is read forwards, and version numbers, loopback and
+    unspecified addresses are no network addresses (the rule is at ``_IP``).
 
     Example:
         >>> sorted(entities(["Mail EVE [at] evil(dot)io or see www.Evil.io/x, IBAN DE89 3704 0044 0532 0130 00",
         ...                  "notes.txt"]))
         ['de89370400440532013000', 'eve@evil.io', 'www.evil.io/x']
+        >>> sorted(entities("nc 203.0.113.7 4444 (v1.2.3.4, ::1); reply to oi.live@eve"))
+        ['203.0.113.7', 'eve@evil.io']
     """
     return _strings_walked(value, string_entities)
 
@@ -102,6 +120,51 @@ def string_entities(text: str, deobfuscated: str | None = None) -> set[str]:
         if " " in m and "@" not in m and "/" not in m:      # an account number written in groups
             m = m.replace(" ", "")
         out.add(normalize(m))
+    if "." in d or ":" in d:
+        out |= _network_addresses(d)
+    if "@" in d:
+        for m in findall_utf8(_REVERSED, d):
+            r = m[::-1]
+            if r.rpartition(".")[2].lower() in _TLD_SET and _FORWARD.fullmatch(r) and not _forward_ok(m):
+                out.add(normalize(r))
+    return out
+
+
+def _forward_ok(address: str) -> bool:
+    """Whether ``address`` read forwards has a domain with a known top-level domain."""
+    domain = address.rpartition("@")[2]
+    return "." in domain and domain.rpartition(".")[2].lower() in _TLD_SET
+
+
+def _network_addresses(d: str) -> set[str]:
+    """The IPv4 and IPv6 addresses in ``d`` (a de-obfuscated string), normalised; version numbers, loopback and
+    unspecified addresses left out (the rule is at ``_IP``).
+
+    Example:
+        >>> sorted(_network_addresses("nc 203.0.113.7 4444; ping ::1; ssh 2001:DB8::7; version 1.2.3.4; 10:30:00"))
+        ['2001:db8::7', '203.0.113.7']
+    """
+    b = d.encode("utf-8", "replace")
+    out: set[str] = set()
+    for i, j in spans_utf8(_IP, b):
+        m = b[i:j].decode()
+        try:
+            if ":" not in m:
+                parts = m.split(".")
+                if len(parts) != 4 or _VERSION_WORD.search(b[max(0, i - 10):i].decode("utf-8", "replace")):
+                    continue
+                # four decimal numbers of 0-255 (leading zeros allowed, as inet_aton reads them in decimal here)
+                ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(
+                    ".".join(str(int(p)) for p in parts))
+            else:                                # "::add" in "Foo::add" and hex words ("add::dead") are none
+                if (i and (b[i - 1:i].isalnum() or b[i - 1:i] in b":_")) or not any(map(str.isdigit, m)):
+                    continue
+                ip = ipaddress.IPv6Address(m)
+        except ValueError:                       # an octet above 255, or no IPv6 address ("12:30:45")
+            continue
+        ip = getattr(ip, "ipv4_mapped", None) or ip          # ::ffff:127.0.0.1 is loopback too
+        if not (ip.is_loopback or ip.is_unspecified):
+            out.add(normalize(m))
     return out
 
 
