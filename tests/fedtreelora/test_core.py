@@ -1,4 +1,25 @@
-"""FedTreeLoRA's core (numpy / scipy / sklearn) against the literal float64 transcription in ``reference.py``."""
+"""FedTreeLoRA's core (numpy / scipy / sklearn) against the literal float64 transcription in ``reference.py``.
+
+The paper's central functions and the fast tests that guard each (a plausible bug in any of them is a mutant in
+``mutants.toml`` that one of these kills):
+
+- ``layer_distances`` (1 - cos of the B matrices, per layer): ``test_layer_distances_match_the_reference``,
+  ``test_zero_B_is_guarded``.
+- ``build_client_tree`` and ``FedTreeLoRA.build`` (the one tree, from the uploaded **B** matrices averaged over
+  **all** layers): ``test_the_tree_is_built_from_the_uploaded_B_matrices_averaged_over_layers``,
+  ``test_tree_cuts_match_naive_average_linkage``.
+- ``select_layer_cuts`` (monotone per-layer counts, each layer scored on its own D^(l)):
+  ``test_layer_cuts_match_the_reference_and_are_monotone``, ``test_planted_hierarchy_gives_trunk_and_branches``
+  (also ``tree_partitions``, ``flat_partition``, ``independent_partitions``).
+- ``aggregate_tree_lora`` (cluster and external experts): ``test_aggregation_matches_the_reference``.
+- ``FederatedLoRA`` client side (private adapters and gates persist across rounds, example-weighted uploads,
+  per-round batch seeds): ``test_private_adapters_persist_across_rounds``,
+  ``test_private_adapters_persist_across_rounds_in_both_runners`` (the harness's runner and ``run_batched``),
+  ``test_protocol_messages_follow_each_sharing_rule``,
+  ``test_fedtreelora_protocol_warms_up_then_sends_cluster_and_external_experts``.
+- The mixed LoRA layer (``module.py``): ``test_module.py``; the two runners on a real tiny model:
+  ``test_runners.py``; Flower: ``test_flower.py``.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +49,7 @@ from icml26.fedtreelora.core import (
     layer_distances,
     layer_index,
     module_of,
+    run_batched,
     select_layer_cuts,
     silhouette,
     tree_partitions,
@@ -310,3 +332,61 @@ def test_private_adapters_persist_across_rounds():
         np.testing.assert_allclose(state1["own/" + k], 0.1 * target, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state2["own/" + k], (1 - 0.9**2) * target, rtol=1e-5, atol=1e-6)
     assert all(state2["mix/" + m] == state1["mix/" + m] + 1.0 for m in algo.modules)  # the gates persist too
+
+
+class BatchedLinearTrainer(LinearTrainer):
+    """``LinearTrainer`` with ``client.BatchedLoRATrainer``'s batched interface; it records what each client's
+    evaluation sees."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.evaluated = []
+
+    def correct(self, data, clus, ext, mix):
+        self.evaluated.append({k: np.asarray(v, np.float64) for k, v in clus.items()})
+        return super().correct(data, clus, ext, mix)
+
+    def train_many(self, datas, inputs, kwargs):
+        return [self.train(d, *inp, **kw) for d, inp, kw in zip(datas, inputs, kwargs, strict=True)]
+
+    def correct_many(self, datas, inputs):
+        return [self.correct(d, *inp) for d, inp in zip(datas, inputs, strict=True)]
+
+
+@pytest.mark.parametrize("runner", ["in_process", "batched"])
+def test_private_adapters_persist_across_rounds_in_both_runners(runner):
+    # FedSA-LoRA keeps B private: after R rounds of one 10 % step each, every client's B is (1 - 0.9^R) of its own
+    # target, which is what its evaluation must see (a B reset each round would be 0.1 of it)
+    rng = np.random.default_rng(6)
+    tr = BatchedLinearTrainer()
+    clients = _clients(tr, rng)
+    algo = FedSALoRA(tr, train_rounds=3, local_steps=1, lr=0.1, seed=2)
+    if runner == "batched":
+        run_batched(algo, clients, tr)
+    else:
+        run_in_process(algo, clients)
+    val = tr.evaluated[0::2] if runner == "in_process" else tr.evaluated[:len(clients)]   # val then test per client
+    assert len(val) == len(clients)
+    for client, seen in zip(clients, val, strict=True):
+        for k in (k for k in tr.keys if "lora_B" in k):
+            np.testing.assert_allclose(seen[k], (1 - 0.9**3) * client.train[0][k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_tree_is_built_from_the_uploaded_B_matrices_averaged_over_layers():
+    """``FedTreeLoRA.build`` consumes what the paper says: the clients' LoRA B matrices (not A), 1 - cos per
+    layer, averaged over every layer into D^glob; the tree, cuts and partitions equal reference.py's loops."""
+    rng = np.random.default_rng(11)
+    tr = LinearTrainer(layers=3)
+    n = 6
+    uploads = {c: {k: rng.normal(size=tr.shape[k]).astype(np.float32) for k in tr.keys} for c in range(n)}
+    algo = FedTreeLoRA(tr, train_rounds=3, local_steps=1, lr=0.1, warmup_rounds=1, tau=0.0, window=3)
+    log = algo.build(uploads)
+    B = {c: [[uploads[c][k].astype(np.float64) for k in tr.keys if "lora_B" in k and f".layers.{layer}." in k]
+             for layer in range(3)] for c in range(n)}
+    Dl = ref.layer_distances(B)
+    np.testing.assert_allclose(log["layer_distances"], Dl, atol=1e-12)
+    naive = ref.upgma_partitions(Dl.mean(axis=0))                          # D^glob = mean over the layers
+    for c in range(1, n + 1):
+        assert sorted(map(sorted, log["tree"].partition(c))) == sorted(map(sorted, naive[c])), c
+    assert log["cuts"] == ref.layer_cuts(Dl, 0.0, 3)
+    assert [sorted(map(sorted, p)) for p in log["partitions"]] == [sorted(map(sorted, naive[c])) for c in log["cuts"]]

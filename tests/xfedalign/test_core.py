@@ -1,4 +1,31 @@
-"""xFedAlign's math against independent oracles: loops in reference.py, scipy, KKT conditions, hand values."""
+"""xFedAlign's math against independent oracles: loops in reference.py, scipy, KKT conditions, hand values.
+
+The paper's central functions and the fast tests that guard each (a plausible bug in any of them is a mutant in
+``mutants.toml`` that one of these kills):
+
+- ``distill_surrogate`` (the sparse linear surrogate): ``test_surrogate_gradient_matches_the_loop_reference``,
+  ``test_surrogate_is_a_lasso_optimum_kkt_and_scipy``, ``test_surrogate_standardises_so_lambda_is_scale_free``;
+  its teacher is the client's model *after* this round's SGD, not the stale global model the server sent:
+  ``test_algorithm.py::test_the_artifact_explains_the_clients_updated_model_not_the_global_one``.
+- ``make_artifact`` (clip, Gaussian noise, top-k, quantise): ``test_artifact_matches_the_loop_reference`` (a
+  generator stub that honours ``scale``), ``test_the_noise_scale_is_the_one_the_accountant_charges_for`` (the
+  scale asked of the generator is sigma worked out by hand from (epsilon, delta) and Delta = sqrt(2C)),
+  ``test_the_artifact_noise_has_standard_deviation_sigma`` (6,400 real draws),
+  ``test_worst_case_neighbours_of_make_artifact_move_the_noised_vector_by_at_most_sqrt_2c`` (the sensitivity,
+  searched on ``make_artifact`` itself), ``test_negative_noisy_attributions_are_sent_as_zero_not_wrapped``;
+  ``SparseArtifact``'s wire format: ``test_artifact_wire_format_round_trips_and_is_small``.
+- ``zcdp_epsilon`` (the accountant): ``test_zcdp_epsilon_hand_value``,
+  ``test_the_noise_scale_is_the_one_the_accountant_charges_for``.
+- ``aggregate_prior`` (median over the holders of a class, EMA): ``test_prior_matches_the_loop_reference``,
+  ``test_trimmed_mean_is_scipys``, ``test_median_stays_within_the_honest_range_under_a_minority_of_attackers``,
+  ``test_algorithm.py::test_prior_is_the_median_of_the_clients_artifacts_with_ema``.
+- ``align`` and ``jsd``: ``test_align_and_jsd``.
+- ``XFedAlign`` / ``FedTrain`` (the protocol): ``test_algorithm.py`` (FedAvg parity, what leaves a client, drops,
+  poisoning, bad input); the Flower path: ``test_flower.py``.
+
+Not guarded, because it is how the code is: the artifact carries each class's exact count in clear
+(``SparseArtifact.to_bytes``), outside the accountant (issue #50, item 2, needs a source change).
+"""
 
 from __future__ import annotations
 
@@ -86,22 +113,27 @@ def test_surrogate_standardises_so_lambda_is_scale_free():
 def test_artifact_matches_the_loop_reference(sigma):
     rng = np.random.default_rng(3)
     S = rng.random((4, 9)) ** 3
-    noise = rng.normal(scale=sigma, size=S.shape)
-    art = make_artifact(S, 4, noise_sigma=sigma, rng=_Fixed(noise))
+    z = rng.normal(size=S.shape)
+    noise = sigma * z
+    art = make_artifact(S, 4, noise_sigma=sigma, rng=_Fixed(z))
     ref = reference.artifact_dense_reference(S.tolist(), 4, noise.tolist() if sigma else None)
     np.testing.assert_allclose(art.dense(), ref, atol=1e-12)
     assert (art.values > 0).sum(axis=1).max() <= 4
 
 
 class _Fixed:
-    """A stand-in generator returning a fixed noise draw (so the reference sees the same noise)."""
+    """A stand-in generator that honours ``scale``: a fixed standard-normal draw z, returned as ``scale * z`` (so the
+    reference, given ``sigma * z``, sees the same noise only if ``make_artifact`` asks for scale sigma); it records
+    every ``scale`` it was asked for."""
 
-    def __init__(self, noise):
-        self.noise = noise
+    def __init__(self, z):
+        self.z = np.asarray(z, dtype=np.float64)
+        self.scales = []
 
-    def normal(self, scale, size):
-        assert size == self.noise.shape
-        return self.noise
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        assert size == self.z.shape
+        self.scales.append(float(scale))
+        return loc + scale * self.z
 
 
 def test_artifact_wire_format_round_trips_and_is_small():
@@ -233,9 +265,55 @@ def test_negative_noisy_attributions_are_sent_as_zero_not_wrapped():
     # every group kept (k = G): the negative noisy values reach the quantiser unless cut at zero first
     rng = np.random.default_rng(5)
     S = rng.random((4, 9)) ** 3
-    noise = rng.normal(scale=0.3, size=S.shape)
-    art = make_artifact(S, 9, noise_sigma=0.3, rng=_Fixed(noise))
+    z = rng.normal(size=S.shape)
+    noise = 0.3 * z
+    art = make_artifact(S, 9, noise_sigma=0.3, rng=_Fixed(z))
     ref = reference.artifact_dense_reference(S.tolist(), 9, noise.tolist())
     np.testing.assert_allclose(art.dense(), ref, atol=1e-12)
     clipped = S / np.linalg.norm(S, axis=1, keepdims=True)
     assert ((clipped + noise) < 0).sum() >= 3   # the case is exercised
+
+
+def test_the_noise_scale_is_the_one_the_accountant_charges_for():
+    """For a target (epsilon, delta) of one release, sigma is worked out by hand from the sensitivity
+    Delta = sqrt(2 C); ``make_artifact`` must ask its generator for exactly that scale, and ``zcdp_epsilon`` must
+    charge epsilon for it (issue #50: a stub that ignored ``scale`` let 1/sqrt(G) times the noise pass)."""
+    C, G, eps, delta = 10, 16, 8.0, 1e-5
+    log_inv_delta = math.log(1 / delta)
+    # eps = rho + 2 sqrt(rho ln(1/delta))  solved for rho  (Bun & Steinke 2016, Prop. 1.3)
+    rho = (math.sqrt(log_inv_delta + eps) - math.sqrt(log_inv_delta)) ** 2
+    # the Gaussian mechanism: rho = Delta^2 / (2 sigma^2), Delta = sqrt(2 C) (unit-norm, non-negative rows)
+    sigma = math.sqrt(2 * C) / math.sqrt(2 * rho)
+    assert sigma == pytest.approx(3.0873, abs=1e-4)                   # rho = 1.0491 by hand
+    gen = _Fixed(np.random.default_rng(0).normal(size=(C, G)))
+    make_artifact(np.random.default_rng(1).random((C, G)), 4, noise_sigma=sigma, rng=gen)
+    assert gen.scales == [pytest.approx(sigma, rel=1e-12)]             # one draw, at the accounted scale
+    assert zcdp_epsilon(gen.scales[0], C, 1, delta) == pytest.approx(eps, rel=1e-12)
+    assert zcdp_epsilon(gen.scales[0], C, 3, delta) > eps               # rounds compose
+
+
+def _sent(art):
+    """The values an artifact carries, dequantised, before ``dense()``'s renormalisation (k = G: every group)."""
+    out = np.zeros((art.n_classes, art.n_groups))
+    out[np.arange(art.n_classes)[:, None], art.indices.astype(np.int64)] = (
+        art.values * (art.scale / ((1 << art.quant_bits) - 1)))
+    return out
+
+
+def test_worst_case_neighbours_of_make_artifact_move_the_noised_vector_by_at_most_sqrt_2c():
+    """The sensitivity the accountant assumes, searched on ``make_artifact`` itself (zero noise, k = G, so the
+    artifact carries the clipped vector up to 8-bit quantisation): any two maps, a single row changed or all of
+    them, give vectors at most sqrt(2 C) apart, and maps with disjoint supports reach the bound."""
+    C, G = 3, 5
+    tol = math.sqrt(C * G) / 255            # two quantisation errors of at most max/510 on each coordinate
+    rng = np.random.default_rng(5)
+    candidates = [np.eye(C, G), np.roll(np.eye(C, G), 2, axis=1), np.ones((C, G)), np.full((C, G), 1e-9),
+                  np.eye(C, G) + 1e-3] + [rng.random((C, G)) ** p for p in (1, 4, 16) for _ in range(12)]
+    sent = [_sent(make_artifact(S, G, noise_sigma=0.0)) for S in candidates]
+    worst = max(float(np.linalg.norm(a - b)) for a in sent for b in sent)
+    assert worst <= math.sqrt(2 * C) + tol
+    assert worst >= math.sqrt(2 * C) - tol                               # disjoint supports reach the bound
+    # one row changed (its support moved off the old one): the vector moves by that row's bound, sqrt(2)
+    one_row = np.vstack([np.eye(1, G, G - 1), np.eye(C, G)[1:]])
+    moved = float(np.linalg.norm(_sent(make_artifact(one_row, G, noise_sigma=0.0)) - sent[0]))
+    assert moved == pytest.approx(math.sqrt(2), abs=tol)
