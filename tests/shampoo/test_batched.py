@@ -22,7 +22,7 @@ from icml26.shampoo import optimizer as shampoo_optimizer
 from icml26.shampoo.optimizer import _batched_roots, shampoo_update
 from icml26.shampoo.reference import inverse_root, reference_shampoo
 
-from .test_reference import CONFIGS, _reference, eigh_tolerance, stochastic_quadratic
+from .test_reference import CONFIGS, _reference, _run_shampoo, eigh_tolerance, stochastic_quadratic
 
 READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy"}
 #: ops that make no kernel: views and dtype no-ops (their count grows with the number of parameters)
@@ -333,29 +333,11 @@ def test_newton_optimizer_matches_the_float64_reference(cfg, shape, monkeypatch)
     """In float64 the Newton roots converge on every reference configuration (no eigh fallback) and the
     optimizer stays within the eigendecomposition's own tolerance of the literal reference."""
     expected, kappa = _reference(cfg, shape)
-    cfg = dict(cfg)
-    block, start, freq = cfg.pop("block", None), cfg.pop("start"), cfg.pop("freq")
     real, calls = torch.linalg.eigh, []
     monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    X = torch.nn.Parameter(torch.tensor(np.random.default_rng(1).normal(size=shape)))
-    opt = Shampoo(
-        [X],
-        lr=0.05,
-        start_preconditioning_step=start,
-        precondition_frequency=freq,
-        max_preconditioner_dim=block or 1024,
-        factor_dtype=torch.float64,
-        root_method="newton",
-        **cfg,
-    )
-    grad = stochastic_quadratic(shape, 2)
-    for _ in range(12):
-        X.grad = torch.tensor(grad(X.detach().numpy()))
-        opt.step()
+    got = _run_shampoo(cfg, shape, root_method="newton")
     assert calls == []
-    np.testing.assert_allclose(
-        X.detach().numpy(), expected, rtol=0, atol=eigh_tolerance(kappa, np.abs(expected).max())
-    )
+    np.testing.assert_allclose(got, expected, rtol=0, atol=eigh_tolerance(kappa, np.abs(expected).max()))
 
 
 def test_newton_in_float32_is_as_close_to_the_reference_as_float32_eigh():
