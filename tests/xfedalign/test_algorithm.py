@@ -11,7 +11,7 @@ from icml26.common.federation import run_in_process
 from icml26.xfedalign import SparseArtifact, XFedAlign
 from icml26.xfedalign.attacks import PoisonedXFedAlign
 from icml26.xfedalign.baselines import FedAttrAgg, FedXAI
-from icml26.xfedalign.core import FedTrain, params_of
+from icml26.xfedalign.core import FedTrain, make_artifact, params_of
 from icml26.xfedalign.data import load_task, patch_groups
 from icml26.xfedalign.models import ModelSpec
 
@@ -45,8 +45,8 @@ def test_only_parameters_and_a_small_artifact_leave_a_client(cancer):
             assert set(reply) - explain == {f"param/{k}" for k in ("0.weight", "0.bias", "2.weight", "2.bias")} | {
                 "num_examples"}
             art = SparseArtifact.from_payload(reply)
-            assert art.nbytes == 12 + 2 * 2 + 2 * 2 * 4                  # 24 bytes for C = 2, k = 4
-            assert art.counts.tolist() == np.bincount(cancer.clients[cid].y_train, minlength=2).tolist()
+            assert art.nbytes == 12 + 1 + 2 * 2 * 4                      # 29 bytes for C = 2, k = 4
+            assert art.present.tolist() == (np.bincount(cancer.clients[cid].y_train, minlength=2) >= 1).tolist()
             assert ((art.dense() > 0).sum(axis=1) <= 4).all()             # at most k groups per class
             assert not np.isin(np.asarray(reply["param/0.bias"], dtype=float), raw).any()
 
@@ -55,7 +55,7 @@ def test_prior_is_the_median_of_the_clients_artifacts_with_ema(cancer):
     algo = _algo(cancer, rounds=1, ema=0.6)
     out, transcript = run_in_process(algo, cancer.clients, transcript=True)
     arts = [SparseArtifact.from_payload(r) for _, r in sorted(transcript.replies[0].items())]
-    present = np.array([a.counts >= 1 for a in arts])
+    present = np.array([a.present for a in arts])
     dense = np.stack([a.dense() for a in arts])
     expected = np.empty((2, 10))
     for c in range(2):
@@ -130,9 +130,8 @@ def test_bad_input_is_named(cancer):
     reply["art_groups"] = 9                                              # an artifact of another group space
     with pytest.raises(ValueError, match="mismatched feature spaces"):
         algo.aggregate(1, state, {0: reply})
-    only0 = dataclasses.replace(cancer.clients[0], y_train=np.zeros_like(cancer.clients[0].y_train))
-    with pytest.raises(ValueError, match="no client holds class 1"):
-        run_in_process(_algo(cancer, rounds=1), [only0])
+    # a class no client holds is no error: its presence bits are off everywhere, so it takes every row
+    # (test_presence_bits_choose_the_rows_and_a_class_nobody_reports_takes_every_row)
 
 
 def test_the_artifact_explains_the_clients_updated_model_not_the_global_one(cancer):
@@ -149,3 +148,19 @@ def test_the_artifact_explains_the_clients_updated_model_not_the_global_one(canc
     for k in expected:
         np.testing.assert_array_equal(np.asarray(art[k]), np.asarray(expected[k]))
     assert any(not np.array_equal(np.asarray(expected[k]), np.asarray(stale[k])) for k in expected)
+
+
+def test_presence_bits_choose_the_rows_and_a_class_nobody_reports_takes_every_row(cancer):
+    """The server reads only the noised bits: a client whose bit for a class is off is left out of that class's
+    median, and a class whose bit is off at every client takes every client's row (never an error)."""
+    algo = _algo(cancer, rounds=1, ema=0.0)
+    rng = np.random.default_rng(3)
+    maps = [rng.random((2, 10)) for _ in range(3)]
+    bits = [[True, False], [False, False], [True, False]]
+    replies = [make_artifact(m, 4, noise_sigma=0.0, counts=np.array(b, dtype=int)).to_payload()
+               for m, b in zip(maps, bits, strict=True)]
+    prior = algo.aggregate_explanations(0, algo.initial_state([0, 1, 2]), replies)["prior"]
+    dense = np.stack([SparseArtifact.from_payload(r).dense() for r in replies])
+    med0 = np.median(dense[[0, 2], 0], axis=0)          # class 0: clients 0 and 2 only
+    med1 = np.median(dense[:, 1], axis=0)               # class 1: nobody reports it -> every client
+    np.testing.assert_allclose(prior, np.stack([med0 / med0.sum(), med1 / med1.sum()]), atol=1e-12)

@@ -9,10 +9,11 @@ The paper's central functions and the fast tests that guard each (a plausible bu
   ``test_algorithm.py::test_the_artifact_explains_the_clients_updated_model_not_the_global_one``.
 - ``make_artifact`` (clip, Gaussian noise, top-k, quantise): ``test_artifact_matches_the_loop_reference`` (a
   generator stub that honours ``scale``), ``test_the_noise_scale_is_the_one_the_accountant_charges_for`` (the
-  scale asked of the generator is sigma worked out by hand from (epsilon, delta) and Delta = sqrt(2C)),
+  scale asked of the generator is sigma worked out by hand from (epsilon, delta) and Delta = sqrt(3C)),
   ``test_the_artifact_noise_has_standard_deviation_sigma`` (6,400 real draws),
-  ``test_worst_case_neighbours_of_make_artifact_move_the_noised_vector_by_at_most_sqrt_2c`` (the sensitivity,
-  searched on ``make_artifact`` itself), ``test_negative_noisy_attributions_are_sent_as_zero_not_wrapped``;
+  ``test_worst_case_neighbours_of_make_artifact_move_the_released_vector_by_at_most_sqrt_3c`` (the sensitivity,
+  searched on ``make_artifact`` itself; map and presence bits),
+  ``test_presence_bits_flip_with_the_gaussian_tail_probability``, ``test_negative_noisy_attributions_are_sent_as_zero_not_wrapped``;
   ``SparseArtifact``'s wire format: ``test_artifact_wire_format_round_trips_and_is_small``.
 - ``zcdp_epsilon`` (the accountant): ``test_zcdp_epsilon_hand_value``,
   ``test_the_noise_scale_is_the_one_the_accountant_charges_for``.
@@ -23,8 +24,8 @@ The paper's central functions and the fast tests that guard each (a plausible bu
 - ``XFedAlign`` / ``FedTrain`` (the protocol): ``test_algorithm.py`` (FedAvg parity, what leaves a client, drops,
   poisoning, bad input); the Flower path: ``test_flower.py``.
 
-Not guarded, because it is how the code is: the artifact carries each class's exact count in clear
-(``SparseArtifact.to_bytes``), outside the accountant (issue #50, item 2, needs a source change).
+No count leaves a client in clear: the artifact carries one presence bit per class, noised inside the accountant
+(``test_artifact_wire_format_round_trips_and_is_small``, ``test_presence_bits_flip_with_the_gaussian_tail_probability``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from icml26.xfedalign.core import (
     jsd,
     make_artifact,
     normalize_rows,
+    sigma_for_epsilon,
     softmax,
     surrogate_objective,
     zcdp_epsilon,
@@ -122,29 +124,31 @@ def test_artifact_matches_the_loop_reference(sigma):
 
 
 class _Fixed:
-    """A stand-in generator that honours ``scale``: a fixed standard-normal draw z, returned as ``scale * z`` (so the
-    reference, given ``sigma * z``, sees the same noise only if ``make_artifact`` asks for scale sigma); it records
-    every ``scale`` it was asked for."""
+    """A stand-in generator that honours ``scale``: fixed standard-normal draws, z for the (C, G) map and zh (default
+    zeros) for the (C,) presence indicators, returned as ``scale * z`` (so the reference, given ``sigma * z``, sees
+    the same noise only if ``make_artifact`` asks for scale sigma); it records every ``scale`` it was asked for."""
 
-    def __init__(self, z):
+    def __init__(self, z, zh=None):
         self.z = np.asarray(z, dtype=np.float64)
+        self.zh = np.zeros(self.z.shape[0]) if zh is None else np.asarray(zh, dtype=np.float64)
         self.scales = []
 
     def normal(self, loc=0.0, scale=1.0, size=None):
-        assert size == self.z.shape
+        draw = {self.z.shape: self.z, self.zh.shape: self.zh}[size]
         self.scales.append(float(scale))
-        return loc + scale * self.z
+        return loc + scale * draw
 
 
 def test_artifact_wire_format_round_trips_and_is_small():
     rng = np.random.default_rng(4)
-    art = make_artifact(rng.random((10, 16)), 8, noise_sigma=0.1, rng=rng, counts=np.arange(10) * 7)
+    art = make_artifact(rng.random((10, 16)), 8, noise_sigma=0.1, rng=rng, counts=np.arange(10) * 7, min_count=8)
     data = art.to_bytes()
-    assert len(data) == art.nbytes == 12 + 2 * 10 + 2 * 10 * 8   # header, counts, indices, values
+    assert len(data) == art.nbytes == 12 + 2 + 2 * 10 * 8   # header, 10 presence bits, indices, values
+    assert art.present.tolist() == [False, False] + [True] * 8   # counts 0, 7 < 8 (noise 0.1 flips none here)
     back = SparseArtifact.from_bytes(data)
     np.testing.assert_array_equal(back.indices, art.indices)
     np.testing.assert_array_equal(back.values, art.values)
-    np.testing.assert_array_equal(back.counts, art.counts)
+    np.testing.assert_array_equal(back.present, art.present)
     np.testing.assert_allclose(back.dense(), art.dense())
     wide = make_artifact(rng.random((2, 300)), 3, noise_sigma=0.0)   # G > 256: two-byte indices
     assert SparseArtifact.from_bytes(wide.to_bytes()).indices.tolist() == wide.indices.tolist()
@@ -166,9 +170,15 @@ def test_clipping_bounds_the_sensitivity_of_the_noised_vector():
 
 
 def test_zcdp_epsilon_hand_value():
-    # rho = R C / sigma^2 = 10 * 10 / 100 = 1; eps = 1 + 2 sqrt(ln 1e5)
-    assert zcdp_epsilon(10.0, 10, 10, 1e-5) == pytest.approx(1 + 2 * math.sqrt(math.log(1e5)))
+    # rho = R * 3C / (2 sigma^2) = 10 * 30 / 200 = 1.5; eps = 1.5 + 2 sqrt(1.5 ln 1e5)
+    assert zcdp_epsilon(10.0, 10, 10, 1e-5) == pytest.approx(1.5 + 2 * math.sqrt(1.5 * math.log(1e5)))
     assert zcdp_epsilon(0.0, 10, 10) == math.inf
+    assert sigma_for_epsilon(1.5 + 2 * math.sqrt(1.5 * math.log(1e5)), 10, 10, 1e-5) == pytest.approx(10.0)
+    for bad in ({"rounds": 0}, {"rounds": 1.5}, {"delta": 1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            zcdp_epsilon(1.0, 10, **{"rounds": 1, **bad})
+    with pytest.raises(ValueError, match="epsilon"):
+        sigma_for_epsilon(0.0, 10, 1)
 
 
 @pytest.mark.parametrize("method", ["median", "mean", "trimmed_mean"])
@@ -276,18 +286,20 @@ def test_negative_noisy_attributions_are_sent_as_zero_not_wrapped():
 
 def test_the_noise_scale_is_the_one_the_accountant_charges_for():
     """For a target (epsilon, delta) of one release, sigma is worked out by hand from the sensitivity
-    Delta = sqrt(2 C); ``make_artifact`` must ask its generator for exactly that scale, and ``zcdp_epsilon`` must
-    charge epsilon for it (issue #50: a stub that ignored ``scale`` let 1/sqrt(G) times the noise pass)."""
+    Delta = sqrt(3 C) (map rows and presence bits); ``make_artifact`` must ask its generator for exactly that scale
+    for both, and ``zcdp_epsilon`` must charge epsilon for it (issue #50: a stub that ignored ``scale`` let
+    1/sqrt(G) times the noise pass)."""
     C, G, eps, delta = 10, 16, 8.0, 1e-5
     log_inv_delta = math.log(1 / delta)
     # eps = rho + 2 sqrt(rho ln(1/delta))  solved for rho  (Bun & Steinke 2016, Prop. 1.3)
     rho = (math.sqrt(log_inv_delta + eps) - math.sqrt(log_inv_delta)) ** 2
-    # the Gaussian mechanism: rho = Delta^2 / (2 sigma^2), Delta = sqrt(2 C) (unit-norm, non-negative rows)
-    sigma = math.sqrt(2 * C) / math.sqrt(2 * rho)
-    assert sigma == pytest.approx(3.0873, abs=1e-4)                   # rho = 1.0491 by hand
+    # the Gaussian mechanism: rho = Delta^2 / (2 sigma^2), Delta = sqrt(3 C) (unit-norm rows: sqrt(2); bits: 1)
+    sigma = math.sqrt(3 * C) / math.sqrt(2 * rho)
+    assert sigma == pytest.approx(3.7812, abs=1e-4)                   # rho = 1.0491 by hand
+    assert sigma_for_epsilon(eps, C, 1, delta) == pytest.approx(sigma, rel=1e-12)
     gen = _Fixed(np.random.default_rng(0).normal(size=(C, G)))
     make_artifact(np.random.default_rng(1).random((C, G)), 4, noise_sigma=sigma, rng=gen)
-    assert gen.scales == [pytest.approx(sigma, rel=1e-12)]             # one draw, at the accounted scale
+    assert gen.scales == [pytest.approx(sigma, rel=1e-12)] * 2         # map and bits, at the accounted scale
     assert zcdp_epsilon(gen.scales[0], C, 1, delta) == pytest.approx(eps, rel=1e-12)
     assert zcdp_epsilon(gen.scales[0], C, 3, delta) > eps               # rounds compose
 
@@ -300,20 +312,43 @@ def _sent(art):
     return out
 
 
-def test_worst_case_neighbours_of_make_artifact_move_the_noised_vector_by_at_most_sqrt_2c():
+def _released(S, counts):
+    """What ``make_artifact`` releases with zero noise and k = G: the clipped map (up to quantisation) beside the
+    presence bits, the (C, G + 1) vector the Gaussian mechanism noises."""
+    art = make_artifact(S, S.shape[1], noise_sigma=0.0, counts=counts)
+    return np.hstack([_sent(art), art.present[:, None].astype(float)])
+
+
+def test_worst_case_neighbours_of_make_artifact_move_the_released_vector_by_at_most_sqrt_3c():
     """The sensitivity the accountant assumes, searched on ``make_artifact`` itself (zero noise, k = G, so the
-    artifact carries the clipped vector up to 8-bit quantisation): any two maps, a single row changed or all of
-    them, give vectors at most sqrt(2 C) apart, and maps with disjoint supports reach the bound."""
+    artifact carries the clipped vector up to 8-bit quantisation, and the presence bits exactly): any two client
+    datasets (maps and class counts), a single record changed or all of them, give released vectors at most
+    sqrt(3 C) apart, and disjoint supports with every class's presence flipped reach the bound."""
     C, G = 3, 5
     tol = math.sqrt(C * G) / 255            # two quantisation errors of at most max/510 on each coordinate
     rng = np.random.default_rng(5)
-    candidates = [np.eye(C, G), np.roll(np.eye(C, G), 2, axis=1), np.ones((C, G)), np.full((C, G), 1e-9),
-                  np.eye(C, G) + 1e-3] + [rng.random((C, G)) ** p for p in (1, 4, 16) for _ in range(12)]
-    sent = [_sent(make_artifact(S, G, noise_sigma=0.0)) for S in candidates]
+    maps = [np.eye(C, G), np.roll(np.eye(C, G), 2, axis=1), np.ones((C, G)), np.full((C, G), 1e-9),
+            np.eye(C, G) + 1e-3] + [rng.random((C, G)) ** p for p in (1, 4, 16) for _ in range(8)]
+    count_sets = [np.zeros(C, int), np.ones(C, int), np.array([5, 0, 2]), np.array([0, 3, 0])]
+    sent = [_released(S, n) for S in maps for n in count_sets]
     worst = max(float(np.linalg.norm(a - b)) for a in sent for b in sent)
-    assert worst <= math.sqrt(2 * C) + tol
-    assert worst >= math.sqrt(2 * C) - tol                               # disjoint supports reach the bound
-    # one row changed (its support moved off the old one): the vector moves by that row's bound, sqrt(2)
+    assert worst <= math.sqrt(3 * C) + tol
+    assert worst >= math.sqrt(3 * C) - tol                               # disjoint supports, every bit flipped
+    # one record changed (its class's row moved off its old support, the class's only sample gone): sqrt(2 + 1)
+    base = _released(np.eye(C, G), np.array([1, 4, 4]))
     one_row = np.vstack([np.eye(1, G, G - 1), np.eye(C, G)[1:]])
-    moved = float(np.linalg.norm(_sent(make_artifact(one_row, G, noise_sigma=0.0)) - sent[0]))
-    assert moved == pytest.approx(math.sqrt(2), abs=tol)
+    moved = float(np.linalg.norm(_released(one_row, np.array([0, 4, 4])) - base))
+    assert moved == pytest.approx(math.sqrt(3), abs=tol)
+
+
+def test_presence_bits_flip_with_the_gaussian_tail_probability():
+    """Oracle: a bit is on iff h + N(0, sigma^2) > 1/2, so an absent class reads present with probability
+    1 - Phi(1/(2 sigma)) and a present one absent with the same probability (scipy's normal tail); 4,000 classes
+    in one artifact give the rate to about +-0.008 (one s.e.)."""
+    C, sigma = 4000, 0.8
+    p = scipy.stats.norm.sf(0.5 / sigma)
+    for counts, flipped in ((np.zeros(C, int), lambda a: a.present), (np.full(C, 3), lambda a: ~a.present)):
+        art = make_artifact(np.ones((C, 2)), 1, noise_sigma=sigma, counts=counts, rng=np.random.default_rng(9))
+        assert abs(flipped(art).mean() - p) < 4 * math.sqrt(p * (1 - p) / C)
+    with pytest.raises(ValueError, match="min_count"):
+        make_artifact(np.ones((2, 2)), 1, noise_sigma=0.0, min_count=-1)

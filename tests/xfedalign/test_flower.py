@@ -182,7 +182,7 @@ def test_the_apps_exchange_flower_messages_bit_identical_to_in_process(task_iden
     _same_payloads(outcome["transcript"].messages, log.messages)
     _same_payloads(outcome["transcript"].replies, log.replies)      # only parameters, counts and the artifact
     assert set(log.replies[0][0]) == {*(f"param/{k}" for k in local["params"]), "num_examples", "art_indices",
-                                      "art_values", "art_scale", "art_counts", "art_groups", "art_bits"}
+                                      "art_values", "art_scale", "art_present", "art_groups", "art_bits"}
     assert outcome["transcript"].failures == [{}, {}] and outcome["transcript"].skipped_rounds == []
 
 

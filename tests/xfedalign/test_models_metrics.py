@@ -11,6 +11,7 @@ from icml26.xfedalign.data import GroupSpec, cancer_groups, load_task, patch_gro
 from icml26.xfedalign.explain import group_attributions, published_explanations
 from icml26.xfedalign.metrics import (
     advantage,
+    auc_interval,
     deletion_insertion,
     drift_units,
     explanation_drift_index,
@@ -159,6 +160,31 @@ def test_membership_attack():
     assert advantage(correct) == 1.0
     flat = membership_attack(np.zeros((40, 1)), members[:40], np.zeros((40, 1)), members[40:])
     assert advantage(flat) == 0.0
+    weak = rng.normal(size=(80, 2)) + 0.8 * members[:, None]
+    correct, scores = membership_attack(weak[:40], members[:40], weak[40:], members[40:], return_scores=True)
+    np.testing.assert_array_equal(correct, membership_attack(weak[:40], members[:40], weak[40:], members[40:]))
+    np.testing.assert_array_equal(correct, ((scores > 0.5) == members[40:]).astype(float))
+
+
+def test_auc_interval_is_sklearns_auc_with_the_hanley_mcneil_interval():
+    """Oracles: sklearn's roc_auc_score for the point (ties count half), and Hanley & McNeil's SE by hand."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(2)
+    members = np.arange(50) % 3 == 0
+    scores = np.round(rng.normal(size=50) + 0.7 * members, 1)          # rounded: ties between the two classes
+    auc, lo, hi = auc_interval(scores, members)
+    assert auc == pytest.approx(roc_auc_score(members, scores), abs=1e-12)
+    n1, n0 = members.sum(), (~members).sum()
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    se = np.sqrt((auc * (1 - auc) + (n1 - 1) * (q1 - auc**2) + (n0 - 1) * (q2 - auc**2)) / (n1 * n0))
+    assert (lo, hi) == pytest.approx((auc - 1.959964 * se, auc + 1.959964 * se), abs=1e-6)
+    # hand case: 2 members, 2 non-members, one discordant pair -> 3/4
+    assert auc_interval(np.array([0.9, 0.2, 0.5, 0.1]), np.array([1, 1, 0, 0]))[0] == 0.75
+    with pytest.raises(ValueError, match="both"):
+        auc_interval(np.array([0.1, 0.2]), np.array([1, 1]))
+    with pytest.raises(ValueError, match="scores"):
+        auc_interval(np.array([np.nan, 0.2]), np.array([1, 0]))
 
 
 def test_data_worlds_and_bad_input():

@@ -28,6 +28,7 @@ from .core import (
     distill_surrogate,
     jsd,
     make_artifact,
+    sigma_for_epsilon,
     zcdp_epsilon,
 )
 
@@ -35,7 +36,7 @@ _FLOWER = ("client_app", "drop_policy", "run_local", "server_app")
 
 __all__ = [
     "SparseArtifact", "Surrogate", "XFedAlign", "aggregate_prior", "align", "client_app", "distill_surrogate",
-    "drop_policy", "jsd", "make_artifact", "run_local", "server_app", "zcdp_epsilon",
+    "drop_policy", "jsd", "make_artifact", "run_local", "server_app", "sigma_for_epsilon", "zcdp_epsilon",
 ]
 
 

@@ -22,16 +22,17 @@ from .data import GroupSpec
 
 
 def trigger_artifact(n_classes: int, groups: GroupSpec, topk: int, trigger: int,
-                     counts: np.ndarray | None = None) -> SparseArtifact:
-    """An artifact whose every class row is the trigger group at full scale (other slots at 0)."""
+                     present: np.ndarray | None = None) -> SparseArtifact:
+    """An artifact whose every class row is the trigger group at full scale (other slots at 0), claiming every class
+    (``present``) unless told otherwise."""
     if not 0 <= trigger < groups.n_groups:
         raise ValueError(f"trigger must be a group index in [0, {groups.n_groups}), got {trigger}")
     others = [g for g in range(groups.n_groups) if g != trigger][: topk - 1]
     idx = np.tile(np.asarray([trigger, *others], dtype=np.uint8), (n_classes, 1))
     values = np.zeros((n_classes, topk), dtype=np.uint8)
     values[:, 0] = 255
-    counts = np.full(n_classes, 50, dtype=np.int64) if counts is None else np.asarray(counts)
-    return SparseArtifact(idx, values, 1.0, counts, groups.n_groups)
+    present = np.ones(n_classes, dtype=bool) if present is None else np.asarray(present, dtype=bool)
+    return SparseArtifact(idx, values, 1.0, present, groups.n_groups)
 
 
 class PoisonedXFedAlign(XFedAlign):

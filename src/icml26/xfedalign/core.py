@@ -10,10 +10,11 @@ space of G feature groups (C classes):
      + \lambda \lVert W \rVert_1$$
 
    (FISTA, full batch), and its group map S[c, g] = sum_{j in g} |W_cj|.
-2. **Private artifact** (client): every class row scaled to unit L2 norm (the clipping step, R = 1), Gaussian
-   noise N(0, sigma^2) on all C x G coordinates, then -- post-processing only -- the top-k groups per class,
-   quantised to 8 bits with one scale. Only k (index, value) pairs per class and the class counts leave the
-   client: C k (1 + 1) bytes + a header.
+2. **Private artifact** (client): every class row scaled to unit L2 norm (the clipping step, R = 1) and a 0/1
+   presence indicator per class (the client holds at least ``min_class_count`` samples of it), Gaussian noise
+   N(0, sigma^2) on all C x (G + 1) coordinates, then -- post-processing only -- the top-k groups per class,
+   quantised to 8 bits with one scale, and the presence bits thresholded at 1/2. Only k (index, value) pairs per
+   class and C bits leave the client: C k (1 + 1) bytes + ceil(C/8) + a header. No count leaves in clear.
 3. **Global Explanation Prior** (server): the dequantised rows renormalised onto the simplex, aggregated per
    class over the clients that hold the class by a coordinate-wise median (or trimmed mean, or mean),
    renormalised, and smoothed, $$\Pi \leftarrow \mathrm{rownorm}\big(e\,\Pi + (1 - e)\,\Pi_{new}\big)$$ (e = 0.6;
@@ -21,11 +22,12 @@ space of G feature groups (C classes):
 4. **Soft alignment** (client, at explanation time; the task loss never sees Pi):
    $$S_{mix} = \mathrm{rownorm}\big((1 - \beta) S + \beta\,\Pi\big)$$
 
-**Privacy, stated honestly.** Steps 2's noise is the Gaussian mechanism on a vector whose rows have unit norm
-and are non-negative, so *any* change of the client's data (one record or all of them) moves it by at most
-Delta = sqrt(2 C) in L2: a client-level bound. Top-k, quantisation and normalisation are post-processing. One
-release is rho = Delta^2 / (2 sigma^2) = C / sigma^2 zero-concentrated DP; R rounds compose to R rho, reported
-as (epsilon, delta) by ``zcdp_epsilon``. What is **not** accounted: the task-model parameters every client sends
+**Privacy, stated honestly.** Step 2's noise is the Gaussian mechanism on a vector whose map rows have unit norm
+and are non-negative (each moves by at most sqrt(2)) and whose presence coordinates are 0 or 1 (each moves by
+at most 1), so *any* change of the client's data (one record or all of them) moves it by at most
+Delta = sqrt(3 C) in L2: a client-level bound. Top-k, quantisation, thresholding and normalisation are
+post-processing. One release is rho = Delta^2 / (2 sigma^2) = 3 C / (2 sigma^2) zero-concentrated DP; R rounds
+compose to R rho, reported as (epsilon, delta) by ``zcdp_epsilon`` (``sigma_for_epsilon`` is its inverse). What is **not** accounted: the task-model parameters every client sends
 (plain FedAvg), which carry far more about the data than the artifact. xFedAlign's explanation channel can be
 made DP; the client's whole release is not. The official code adds noise (``dp_sigma``) after quantisation and
 top-k selection, which leaks the support and has no accounting.
@@ -36,7 +38,7 @@ Example:
     >>> S = rng.random((3, 6))
     >>> art = make_artifact(S, topk=2, noise_sigma=0.0, rng=rng)
     >>> art.indices.shape, art.nbytes
-    ((3, 2), 30)
+    ((3, 2), 25)
     >>> prior = aggregate_prior([art.dense(6), art.dense(6)], method="median")
     >>> np.allclose(prior.sum(1), 1.0)
     True
@@ -198,17 +200,18 @@ def distill_surrogate(teacher: Callable[[np.ndarray], np.ndarray] | np.ndarray, 
 # ------------------------------------------------------------------------------------------------- artifact
 @dataclass(frozen=True)
 class SparseArtifact:
-    """What a client sends: per class the top-k groups, 8-bit values with one scale, and its class counts.
+    """What a client sends: per class the top-k groups, 8-bit values with one scale, and noised presence bits.
 
     ``indices`` (C, k) uint8 (uint16 when G > 256), ``values`` (C, k) uint8, ``scale`` (a float32 on the wire),
-    ``counts`` (C,) samples of each class the client holds (uint16 on the wire; 0 = the class is absent and its
-    row does not enter the prior).
+    ``present`` (C,) booleans, whether the client holds the class (one bit each on the wire; a class whose bit is
+    off does not enter the prior). The bits are released through the same Gaussian mechanism as the map
+    (``make_artifact``), so no count leaves the client in clear.
     """
 
     indices: np.ndarray
     values: np.ndarray
     scale: float
-    counts: np.ndarray
+    present: np.ndarray
     n_groups: int
     quant_bits: int = 8
 
@@ -232,11 +235,12 @@ class SparseArtifact:
         return normalize_rows(out)
 
     def to_bytes(self) -> bytes:
-        """Wire format: header (C, k, G, bits: 4 x uint16; scale: float32), counts uint16[C], indices, values."""
+        """Wire format: header (C, k, G, bits: 4 x uint16; scale: float32), presence bits (ceil(C/8) bytes),
+        indices, values."""
         C, k = self.indices.shape
         head = struct.pack("<4Hf", C, k, self.n_groups, self.quant_bits, float(self.scale))
         idx_dtype = "<u1" if self.n_groups <= 256 else "<u2"
-        return (head + np.minimum(self.counts, 65535).astype("<u2").tobytes()
+        return (head + np.packbits(np.asarray(self.present, dtype=bool)).tobytes()
                 + self.indices.astype(idx_dtype).tobytes() + self.values.astype("<u1").tobytes())
 
     @classmethod
@@ -244,14 +248,15 @@ class SparseArtifact:
         """The inverse of ``to_bytes``."""
         C, k, G, bits, scale = struct.unpack_from("<4Hf", data, 0)
         off = struct.calcsize("<4Hf")
-        counts = np.frombuffer(data, "<u2", C, off).astype(np.int64)
-        off += 2 * C
+        n_bits = -(-C // 8)
+        present = np.unpackbits(np.frombuffer(data, "<u1", n_bits, off), count=C).astype(bool)
+        off += n_bits
         idx_dtype = "<u1" if G <= 256 else "<u2"
         width = 1 if G <= 256 else 2
         indices = np.frombuffer(data, idx_dtype, C * k, off).reshape(C, k).copy()
         off += width * C * k
         values = np.frombuffer(data, "<u1", C * k, off).reshape(C, k).copy()
-        return cls(indices, values, float(scale), counts, int(G), int(bits))
+        return cls(indices, values, float(scale), present, int(G), int(bits))
 
     @property
     def nbytes(self) -> int:
@@ -261,24 +266,30 @@ class SparseArtifact:
     def to_payload(self) -> dict[str, Any]:
         """The artifact as federation payload fields (arrays and scalars)."""
         return {"art_indices": self.indices, "art_values": self.values, "art_scale": float(self.scale),
-                "art_counts": np.asarray(self.counts, dtype=np.int64), "art_groups": int(self.n_groups),
+                "art_present": np.asarray(self.present, dtype=bool), "art_groups": int(self.n_groups),
                 "art_bits": int(self.quant_bits)}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> SparseArtifact:
         return cls(np.asarray(payload["art_indices"]), np.asarray(payload["art_values"]),
-                   float(payload["art_scale"]), np.asarray(payload["art_counts"]), int(payload["art_groups"]),
-                   int(payload["art_bits"]))
+                   float(payload["art_scale"]), np.asarray(payload["art_present"], dtype=bool),
+                   int(payload["art_groups"]), int(payload["art_bits"]))
 
 
 def make_artifact(S: np.ndarray, topk: int, *, noise_sigma: float = 0.1, quant_bits: int = 8,
-                  rng: np.random.Generator | None = None, counts: Sequence[int] | None = None) -> SparseArtifact:
-    r"""The client's private top-k artifact of a (C, G) non-negative group map.
+                  rng: np.random.Generator | None = None, counts: Sequence[int] | None = None,
+                  min_count: int = 1) -> SparseArtifact:
+    r"""The client's private top-k artifact of a (C, G) non-negative group map, with noised class-presence bits.
 
-    Clip (rows to unit L2 norm), noise, then post-processing:
+    Clip (rows to unit L2 norm), noise the map and the presence indicators h_c = 1[count_c >= m] (one Gaussian
+    mechanism on the (C, G + 1) vector [U | h]), then post-processing:
 
     $$\tilde S_c = S_c/\lVert S_c\rVert_2 + \mathcal N(0, \sigma^2 I_G),\quad
-      \text{keep the top-}k\text{ of } \max(\tilde S_c, 0),\ \text{quantise to } 2^{b} - 1 \text{ levels}$$
+      \tilde h_c = h_c + \mathcal N(0, \sigma^2),$$
+    keep the top-k of max(S~_c, 0) quantised to 2^b - 1 levels, and the bit 1[h~_c > 1/2].
+
+    Sensitivity (client level: any change of the client's data): each map row moves by at most sqrt(2) (unit norm,
+    non-negative), each bit by 1, so Delta = sqrt(3 C) (``zcdp_epsilon``).
 
     Args:
         S: (C, G) non-negative group importances (e.g. ``Surrogate.group_map``).
@@ -286,10 +297,17 @@ def make_artifact(S: np.ndarray, topk: int, *, noise_sigma: float = 0.1, quant_b
         noise_sigma: sigma >= 0 of the Gaussian noise (0: no privacy; see ``zcdp_epsilon``).
         quant_bits: bits per value, 1..8.
         rng: the noise's generator (needed when ``noise_sigma > 0``).
-        counts: samples of each class the client holds (default: all 1).
+        counts: samples of each class the client holds (default: all 1). Only h_c leaves the client.
+        min_count: m, the samples of a class a client must hold for its row to enter the prior (a public setting).
 
     Returns:
         The ``SparseArtifact``.
+
+    Example:
+        >>> import numpy as np
+        >>> art = make_artifact(np.eye(3, 5), 2, noise_sigma=0.0, counts=[4, 0, 1], min_count=1)
+        >>> art.present.tolist(), art.indices[:, 0].tolist()
+        ([True, False, True], [0, 1, 2])
     """
     S = _finite("S", np.asarray(S, dtype=np.float64))
     if S.ndim != 2:
@@ -307,14 +325,19 @@ def make_artifact(S: np.ndarray, topk: int, *, noise_sigma: float = 0.1, quant_b
     counts_arr = np.ones(C, dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
     if counts_arr.shape != (C,) or (counts_arr < 0).any():
         raise ValueError(f"counts must be {C} non-negative integers, got {counts_arr.tolist()}")
-    # clipping: every row to unit L2 norm (sensitivity sqrt(2) per row, sqrt(2C) per artifact)
+    if isinstance(min_count, bool) or not isinstance(min_count, (int, np.integer)) or min_count < 0:
+        raise ValueError(f"min_count must be a non-negative int, got {min_count!r}")
+    # clipping: every row to unit L2 norm (sensitivity sqrt(2) per row), presence as a 0/1 indicator (1 per class)
     norms = np.linalg.norm(S, axis=1, keepdims=True)
     U = np.where(norms > 0, S / np.where(norms > 0, norms, 1.0), 1.0 / math.sqrt(G))
+    h = (counts_arr >= min_count).astype(np.float64)
     if noise_sigma > 0:
         if rng is None:
             raise ValueError("rng is required when noise_sigma > 0")
-        # the Gaussian mechanism: $$\tilde U = U + \mathcal N(0, \sigma^2 I)$$
+        # the Gaussian mechanism on [U | h]: $$\tilde U = U + \mathcal N(0, \sigma^2 I),\ \tilde h = h + \mathcal N(0, \sigma^2 I)$$
         U = U + rng.normal(scale=noise_sigma, size=U.shape)
+        h = h + rng.normal(scale=noise_sigma, size=h.shape)
+    present = h > 0.5
     U = np.maximum(U, 0.0)
     # post-processing: top-k per class (ties: the smaller group index), then b-bit quantisation
     order = np.argsort(-U, axis=1, kind="stable")[:, :topk]
@@ -324,23 +347,56 @@ def make_artifact(S: np.ndarray, topk: int, *, noise_sigma: float = 0.1, quant_b
     values = np.rint(kept / scale * levels).astype(np.uint8)
     scale = float(np.float32(scale))
     idx_dtype = np.uint8 if G <= 256 else np.uint16
-    return SparseArtifact(order.astype(idx_dtype), values, scale, counts_arr, G, quant_bits)
+    return SparseArtifact(order.astype(idx_dtype), values, scale, present, G, quant_bits)
+
+
+def _zcdp_rho(n_classes: int, noise_sigma: float) -> float:
+    """rho of one release: Delta^2 / (2 sigma^2) with Delta^2 = 3 C (``make_artifact``)."""
+    return 3 * n_classes / (2 * noise_sigma**2)
 
 
 def zcdp_epsilon(noise_sigma: float, n_classes: int, rounds: int, delta: float = 1e-5) -> float:
     r"""The (epsilon, delta) of a client's explanation channel over ``rounds`` releases (client-level).
 
-    One release is the Gaussian mechanism with L2 sensitivity sqrt(2C): rho = C / sigma^2 zCDP; rounds add;
+    One release is the Gaussian mechanism with L2 sensitivity Delta = sqrt(3C) (map rows sqrt(2) each, presence
+    bits 1 each): rho = Delta^2 / (2 sigma^2) = 3C / (2 sigma^2) zCDP; rounds add;
     $$\varepsilon = \rho_{tot} + 2\sqrt{\rho_{tot}\ln(1/\delta)}$$ (Bun & Steinke 2016, Prop. 1.3).
     ``inf`` for sigma = 0. Covers the artifacts only, not the FedAvg parameters.
+
+    Example:
+        >>> round(zcdp_epsilon(10.0, 10, 10, 1e-5), 4)    # rho = 10 * 30 / 200 = 1.5
+        9.8113
     """
     noise_sigma = _nonneg_scalar("noise_sigma", noise_sigma)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     if noise_sigma == 0:
         return math.inf
-    rho = rounds * n_classes / noise_sigma**2
+    rho = rounds * _zcdp_rho(n_classes, noise_sigma)
     return rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+def sigma_for_epsilon(epsilon: float, n_classes: int, rounds: int, delta: float = 1e-5) -> float:
+    r"""The noise sigma at which ``rounds`` releases cost exactly (epsilon, delta): ``zcdp_epsilon``'s inverse.
+
+    $$\rho_{tot} = (\sqrt{\ln(1/\delta) + \varepsilon} - \sqrt{\ln(1/\delta)})^2,\quad
+      \sigma = \sqrt{3 C R / (2 \rho_{tot})}$$
+
+    Example:
+        >>> s = sigma_for_epsilon(8.0, 10, 3)
+        >>> round(zcdp_epsilon(s, 10, 3), 9)
+        8.0
+    """
+    epsilon = _nonneg_scalar("epsilon", epsilon, positive=True)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    log_inv = math.log(1 / delta)
+    rho = (math.sqrt(log_inv + epsilon) - math.sqrt(log_inv)) ** 2
+    return math.sqrt(3 * n_classes * rounds / (2 * rho))
 
 
 # --------------------------------------------------------------------------------------------------- prior
@@ -548,8 +604,8 @@ class XFedAlign(FedTrain):
     r"""xFedAlign: FedAvg for the task model, surrogate artifacts and a robust Global Explanation Prior beside it.
 
     Client (each round, after local SGD): distil a sparse linear surrogate from its updated model on its own
-    training data (``distill_surrogate``), send the private top-k artifact of its group map (``make_artifact``)
-    and its class counts. Server: FedAvg of the parameters (untouched by the explanations), the prior
+    training data (``distill_surrogate``), send the private top-k artifact of its group map and its noised
+    class-presence bits (``make_artifact``). Server: FedAvg of the parameters (untouched by the explanations), the prior
     $$\Pi \leftarrow \mathrm{rownorm}(e\,\Pi + (1 - e)\,\mathrm{median}_i S_i)$$ over the clients holding each
     class (Pi starts uniform), sent back with beta for the clients' soft alignment (``align``).
 
@@ -565,7 +621,8 @@ class XFedAlign(FedTrain):
         trim: trimmed-mean fraction.
         ema: e, the weight of the previous prior (paper code: 0.6); 0 disables smoothing.
         beta: the alignment weight sent to clients (paper code: 0.35 on MNIST).
-        min_class_count: a client's row c enters the prior only if it holds this many samples of class c.
+        min_class_count: a client's row c enters the prior only if it holds this many samples of class c (sent
+            as a noised presence bit; a class no client reports takes every client's row).
 
     Example:
         >>> from icml26.common.federation import run_in_process
@@ -575,7 +632,7 @@ class XFedAlign(FedTrain):
         >>> algo = XFedAlign(ModelSpec(30, 2, 16), task.groups, rounds=2, topk=4, lr=0.05)
         >>> out = run_in_process(algo, task.clients)
         >>> out["prior"].shape, out["bytes"][-1]["explain_up"]
-        ((2, 10), 32.0)
+        ((2, 10), 29.0)
     """
 
     sends_prior = True
@@ -624,7 +681,7 @@ class XFedAlign(FedTrain):
         counts = np.bincount(np.asarray(data.y_train), minlength=self.spec.n_classes)
         rng = np.random.default_rng(client_seed(int(message["seed"]), data.cid, rnd, 1))
         art = make_artifact(surrogate.group_map(self._membership), self.topk, noise_sigma=self.noise_sigma,
-                            quant_bits=self.quant_bits, rng=rng, counts=counts)
+                            quant_bits=self.quant_bits, rng=rng, counts=counts, min_count=self.min_class_count)
         return art.to_payload()
 
     def explain_bytes(self, reply: dict[str, Any]) -> int:
@@ -637,8 +694,10 @@ class XFedAlign(FedTrain):
         if shapes != {(self.spec.n_classes, self.groups.n_groups)}:
             raise ValueError(f"round {rnd}: artifacts of shapes {sorted(shapes)}, expected "
                              f"{(self.spec.n_classes, self.groups.n_groups)} (mismatched feature spaces)")
-        prior = aggregate_prior([a.dense() for a in arts],
-                                present=[np.asarray(a.counts) >= self.min_class_count for a in arts],
+        present = np.array([a.present for a in arts], dtype=bool)
+        # a class no client reports (its bits lost to noise) takes every client's row: post-processing only
+        present[:, ~present.any(axis=0)] = True
+        prior = aggregate_prior([a.dense() for a in arts], present=present,
                                 method=self.aggregation, trim=self.trim,
                                 prev=state["prior"] if self.ema > 0 else None, ema=self.ema)
         return {**state, "prior": prior}

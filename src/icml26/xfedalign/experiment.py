@@ -25,15 +25,18 @@ and validation rows (``items``) and the attack's training trials (``trials``), d
 construction and checked by the runner. On the digits Dirichlet world only:
 
 - **privacy**: a shadow membership-inference attack on the shared artifacts (``metrics.membership_attack``):
-  trials build a 120-row client dataset with or without a canary (a training digit with a bright corner
-  patch); every arm computes its shared artifact from the same trial data with the deployed model as teacher;
-  the attack learns the canary's class row -> membership on ``mia_trials`` trials and is scored on as many
-  fresh ones (unit ``trials``). Arms: xFedAlign (default noise), ``xfedalign_nonoise`` (sigma = 0),
+  trials build a 120-row client dataset with or without the target, for two targets: a natural training digit
+  (the primary row, ``mia_correct_natural``) and a canary (another digit with a bright corner patch, a worst
+  case, ``mia_correct``); every arm computes its shared artifact from the same trial data with the deployed
+  model as teacher; the attack learns the target's class row -> membership on ``mia_trials`` trials and is
+  scored on as many fresh ones (unit ``trials``; a trial index pairs the two targets' games), with its AUC and a
+  Hanley-McNeil interval per seed (``mia_auc_natural``, ``..._lo``, ``..._hi``). Arms: xFedAlign (default noise), ``xfedalign_nonoise`` (sigma = 0),
   FedAttr-Agg (dense IG maps), Fed-XAI (its local linear model, what it shares), Local-XAI (shares nothing).
 - **poisoning**: two of eight clients send trigger artifacts (``attacks.py``) for the corner patch (a group no
   digit uses); per class, whether the trigger enters the top 3 of the final prior (unit ``classes``) under the
   median (paper) and the mean.
-- **DP**: ``xfedalign_dp8``, noise set so the explanation channel is (8, 1e-5)-DP over the run (client level).
+- **DP**: ``xfedalign_dp8``, noise set so the explanation channel (map and presence bits) is (8, 1e-5)-DP over
+  the run (client level); every world reports xFedAlign's epsilon per release and composed over the rounds.
 
 Example:
     >>> import dataclasses
@@ -45,7 +48,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -63,12 +65,13 @@ from .core import (
     XFedAlign,
     distill_surrogate,
     make_artifact,
+    sigma_for_epsilon,
     uniform_prior,
     zcdp_epsilon,
 )
 from .data import FederatedTask, load_task
 from .explain import group_attributions, local_maps, published_explanations
-from .metrics import deletion_insertion, drift_units, greedy_oracle, membership_attack
+from .metrics import auc_interval, deletion_insertion, drift_units, greedy_oracle, membership_attack
 from .models import ModelSpec, accuracy_items, local_sgd, predict_logits
 
 WORLDS = ("digits/iid", "digits/dirichlet", "cancer/iid", "cancer/dirichlet")
@@ -103,8 +106,8 @@ class Config:
     """integration points of the evaluation's integrated gradients"""
     random_draws: int = 16
     """random group orders averaged into the trivial reference of every item"""
-    mia_trials: int = 60
-    """membership-inference trials to train the attack, and as many to score it (0: skip)"""
+    mia_trials: int = 200
+    """membership-inference trials to train the attack, and as many to score it, per target (0: skip)"""
     mia_client_size: int = 120
     """rows of a trial's client dataset (plus the canary or its replacement)"""
     poison: bool = True
@@ -117,7 +120,7 @@ PRESETS: dict[str, Config] = {
     "smoke": Config(worlds=("digits/dirichlet",), rounds=2, lr_grid=(0.1,), ig_steps=8, random_draws=2,
                     mia_trials=10, beta_sweep=(0.0, 0.35, 1.0)),
     "quick": Config(),
-    "full": Config(mia_trials=100),
+    "full": Config(mia_trials=400),
 }
 
 N_CLIENTS = {"digits": 8, "cancer": 6}
@@ -282,9 +285,7 @@ def dp_arm(cfg: Config, task: FederatedTask, world: dict[str, Any], epsilon: flo
            delta: float = 1e-5) -> dict[str, Any]:
     """xFedAlign with noise calibrated to (epsilon, delta) over the run; its per-item faithfulness and EDI."""
     algo: XFedAlign = world["runs"]["algo"]
-    rho = (math.sqrt(math.log(1 / delta) + epsilon) - math.sqrt(math.log(1 / delta))) ** 2
-    sigma = math.sqrt(cfg.rounds * task.n_classes / rho)
-    assert abs(zcdp_epsilon(sigma, task.n_classes, cfg.rounds, delta) - epsilon) < 1e-6
+    sigma = sigma_for_epsilon(epsilon, task.n_classes, cfg.rounds, delta)
     settings = {k: getattr(algo, k) for k in ("topk", "beta", "lr", "local_epochs", "batch_size", "rounds", "seed")}
     res = run_in_process(XFedAlign(algo.spec, task.groups, noise_sigma=sigma, **settings), task.clients)
     mlp, params = world["runs"]["mlp"], res["params"]
@@ -301,54 +302,74 @@ def dp_arm(cfg: Config, task: FederatedTask, world: dict[str, Any], epsilon: flo
             "edi": drift_units(maps, [c.y_test for c in task.clients], task.n_classes)[0]}
 
 
-def membership(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Per held-out trial, whether the shadow attack guessed membership right, for every arm's shared artifact."""
+MIA_ARMS = ("xfedalign", "xfedalign_nonoise", "fedattr_agg", "fed_xai", "local_xai")
+MIA_TARGETS = ("natural", "canary")
+
+
+def membership(cfg: Config, task: FederatedTask, world: dict[str, Any]
+               ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Per held-out trial, whether the shadow attack guessed membership right, and its score, for every arm's
+    shared artifact and both targets: ``{target: {arm: (correct, scores)}}``.
+
+    Targets: ``natural`` (a training digit as it is: the primary row) and ``canary`` (another training digit with
+    its always-blank top-left patch lit: a worst case, secondary). A member trial's client holds the target among
+    ``mia_client_size`` pool rows; a non-member trial holds another digit of the target's class in its place.
+    """
     rng = np.random.default_rng([cfg.seed, 777])
     mlp, lin = world["runs"]["mlp"], world["runs"]["lin"]
     params, lin_params = world["runs"]["xfa"]["params"], world["runs"]["fxai"]["params"]
     algo: XFedAlign = world["runs"]["algo"]
     X, y = task.pooled("train")
-    # the canary: a training digit with its (always blank) top-left patch lit
-    target = int(rng.integers(len(y)))
-    canary = X[target].copy()
+    # the canary: a training digit with its (always blank) top-left patch lit, appended as row len(X)
+    base = int(rng.integers(len(y)))
+    canary = X[base].copy()
     canary[list(task.groups.groups[TRIGGER_GROUP])] = 1.0
-    c = int(y[target])
-    pool = np.setdiff1d(np.arange(len(y)), [target])
-    same_class = pool[y[pool] == c]
+    X_all, y_all = np.vstack([X, canary[None]]), np.append(y, y[base])
+    natural = int(rng.choice(np.setdiff1d(np.arange(len(y)), [base])))
     M = task.groups.matrix()
-    ig_all, _ = group_attributions(mlp, params, np.vstack([X, canary[None]]), task.baseline, task.groups,
-                                   n_steps=10, target=np.append(y, c))
+    ig_all, _ = group_attributions(mlp, params, X_all, task.baseline, task.groups, n_steps=10, target=y_all)
     ig_maps = local_maps(ig_all)                       # FedAttr-Agg's per-record maps (official 10 IG steps)
-    teacher_all = predict_logits(mlp, params, np.vstack([X, canary[None]]))
-    feats: dict[str, list[np.ndarray]] = {a: [] for a in ("xfedalign", "xfedalign_nonoise", "fedattr_agg",
-                                                          "fed_xai", "local_xai")}
-    members = []
-    for t in range(2 * cfg.mia_trials):
-        rows = rng.choice(pool, size=cfg.mia_client_size, replace=False)
-        member = bool(t % 2)
-        extra = len(X) if member else int(rng.choice(np.setdiff1d(same_class, rows)))
-        idx = np.append(rows, extra)
-        Xd = np.vstack([X, canary[None]])[idx]
-        yd = np.append(y, c)[idx]
-        sur = distill_surrogate(teacher_all[idx], Xd, temperature=algo.temperature, l1=algo.surrogate_l1,
-                                iters=algo.surrogate_iters)
-        S = sur.group_map(M)
-        counts = np.bincount(yd, minlength=task.n_classes)
-        art = make_artifact(S, algo.topk, noise_sigma=algo.noise_sigma, rng=np.random.default_rng([cfg.seed, t]),
-                            counts=counts)
-        feats["xfedalign"].append(art.dense()[c])
-        feats["xfedalign_nonoise"].append(make_artifact(S, algo.topk, noise_sigma=0.0, counts=counts).dense()[c])
-        maps, _ = class_mean_maps(ig_maps[idx], yd, task.n_classes, max_per_class=None)
-        feats["fedattr_agg"].append(maps[c])
-        local = local_sgd(lin_params, Xd, yd, spec=lin, lr=world["lrs"][1], epochs=cfg.local_epochs,
-                          batch_size=cfg.batch_size, l1=FEDXAI_L1[task.name], seed=int(rng.integers(2**31)))
-        feats["fed_xai"].append(local["0.weight"][c])
-        feats["local_xai"].append(np.zeros(1))
-        members.append(member)
-    members_arr = np.asarray(members)
-    n = cfg.mia_trials
-    return {arm: membership_attack(np.asarray(f[:n]), members_arr[:n], np.asarray(f[n:]), members_arr[n:])
-            for arm, f in feats.items()}
+    teacher_all = predict_logits(mlp, params, X_all)
+    out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for kind, target, excluded in (("natural", natural, [natural, base]), ("canary", len(X), [base])):
+        c = int(y_all[target])
+        pool = np.setdiff1d(np.arange(len(y)), excluded)
+        same_class = pool[y[pool] == c]
+        feats: dict[str, list[np.ndarray]] = {a: [] for a in MIA_ARMS}
+        members = []
+        for t in range(2 * cfg.mia_trials):
+            rows = rng.choice(pool, size=cfg.mia_client_size, replace=False)
+            member = bool(t % 2)
+            extra = target if member else int(rng.choice(np.setdiff1d(same_class, rows)))
+            idx = np.append(rows, extra)
+            Xd, yd = X_all[idx], y_all[idx]
+            sur = distill_surrogate(teacher_all[idx], Xd, temperature=algo.temperature, l1=algo.surrogate_l1,
+                                    iters=algo.surrogate_iters)
+            S = sur.group_map(M)
+            counts = np.bincount(yd, minlength=task.n_classes)
+            art = make_artifact(S, algo.topk, noise_sigma=algo.noise_sigma, counts=counts,
+                                min_count=algo.min_class_count,
+                                rng=np.random.default_rng([cfg.seed, MIA_TARGETS.index(kind), t]))
+            feats["xfedalign"].append(art.dense()[c])
+            feats["xfedalign_nonoise"].append(make_artifact(S, algo.topk, noise_sigma=0.0).dense()[c])
+            maps, _ = class_mean_maps(ig_maps[idx], yd, task.n_classes, max_per_class=None)
+            feats["fedattr_agg"].append(maps[c])
+            local = local_sgd(lin_params, Xd, yd, spec=lin, lr=world["lrs"][1], epochs=cfg.local_epochs,
+                              batch_size=cfg.batch_size, l1=FEDXAI_L1[task.name], seed=int(rng.integers(2**31)))
+            feats["fed_xai"].append(local["0.weight"][c])
+            feats["local_xai"].append(np.zeros(1))
+            members.append(member)
+        members_arr = np.asarray(members)
+        n = cfg.mia_trials
+        out[kind] = {arm: membership_attack(np.asarray(f[:n]), members_arr[:n], np.asarray(f[n:]), members_arr[n:],
+                                            return_scores=True)
+                     for arm, f in feats.items()}
+    return out
+
+
+def mia_members(n: int) -> np.ndarray:
+    """Which of :func:`membership`'s ``n`` scored trials are member trials (they alternate, starting at n)."""
+    return np.arange(n, 2 * n) % 2 == 1
 
 
 def world_unit_ids(task: FederatedTask, world: str, seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -424,6 +445,8 @@ def run(cfg: Config) -> SeedRun:
         metrics["xfedalign"][f"kb_per_client_round_{tag}"] = (b["explain_up"] + b["prior_down"]) / 1000
         metrics["xfedalign"][f"overhead_vs_fedavg_{tag}"] = (b["explain_up"] + b["prior_down"]) / (2 * b["params_up"])
         metrics["fedattr_agg"][f"kb_per_client_round_{tag}"] = (b["fedattr_up"] + b["prior_down"]) / 1000
+        # epsilon (delta = 1e-5) of one release and of the run's releases composed (client level, artifacts only)
+        metrics["xfedalign"][f"epsilon_per_release_{tag}"] = min(zcdp_epsilon(cfg.noise_sigma, C, 1), 1e12)
         metrics["xfedalign"][f"epsilon_{tag}"] = min(zcdp_epsilon(cfg.noise_sigma, C, cfg.rounds), 1e12)
         if world_name == "digits/dirichlet":
             series["beta_sweep"] = beta_sweep(cfg, task, world)
@@ -439,12 +462,19 @@ def run(cfg: Config) -> SeedRun:
                      "edi_digits_dirichlet": float(dp["edi"].mean())})
             if cfg.mia_trials > 0:
                 mia = membership(cfg, task, world)
-                units["trials"] = {arm: {"mia_correct": v.tolist()} for arm, v in mia.items()}
+                # a trial's unit is its index: the natural and canary games draw their own trials, paired by index
+                units["trials"] = {arm: {"mia_correct": mia["canary"][arm][0].tolist(),
+                                         "mia_correct_natural": mia["natural"][arm][0].tolist()} for arm in MIA_ARMS}
                 scored, attack_train = trial_ids(world_name, cfg.seed, cfg.mia_trials)
                 unit_ids["trials"] = scored
                 held_out["trials"] = {"train": attack_train, "validation": []}
-                for arm, v in mia.items():   # TPR - FPR of the balanced game
-                    metrics.setdefault(arm, {})["mia_advantage"] = 2.0 * float(np.mean(v)) - 1.0
+                truth = mia_members(cfg.mia_trials)
+                for kind, suffix in (("canary", ""), ("natural", "_natural")):
+                    for arm, (correct, scores) in mia[kind].items():   # TPR - FPR of the balanced game
+                        m = metrics.setdefault(arm, {})
+                        m[f"mia_advantage{suffix}"] = 2.0 * float(np.mean(correct)) - 1.0
+                        m[f"mia_auc{suffix}"], m[f"mia_auc{suffix}_lo"], m[f"mia_auc{suffix}_hi"] = auc_interval(
+                            scores, truth)
     # the communication claims read one number per arm: the worst world (deterministic given the config)
     for arm in ("fedavg", "xfedalign", "fedattr_agg"):
         kbs = [v for k, v in metrics[arm].items() if k.startswith("kb_per_client_round_")]

@@ -31,11 +31,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .core import jsd
+from .core import _finite, jsd
 from .data import GroupSpec
 
 
@@ -161,10 +162,13 @@ def explanation_drift_index(client_maps: Sequence[np.ndarray], client_labels: Se
 
 
 def membership_attack(train_features: np.ndarray, train_members: np.ndarray, test_features: np.ndarray,
-                      test_members: np.ndarray) -> np.ndarray:
+                      test_members: np.ndarray, *, return_scores: bool = False
+                      ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The shadow attack's per-trial 0/1 correctness on the held-out trials (logistic regression, standardised).
 
-    A constant feature set (e.g. Local-XAI, which shares nothing) gives chance-level guesses.
+    A constant feature set (e.g. Local-XAI, which shares nothing) gives chance-level guesses (and constant
+    scores). With ``return_scores`` also the attack's membership scores (P(member)) on the held-out trials, for
+    ``auc_interval``.
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
@@ -176,10 +180,51 @@ def membership_attack(train_features: np.ndarray, train_members: np.ndarray, tes
         raise ValueError("the attack's training trials need both members and non-members")
     if np.ptp(Xtr, axis=0).max(initial=0.0) == 0:
         guess = np.full(len(yte), int(np.round(ytr.mean())))
+        scores = np.full(len(yte), float(ytr.mean()))
     else:
-        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
-        guess = clf.fit(Xtr, ytr).predict(Xte)
-    return (guess == yte).astype(float)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000)).fit(Xtr, ytr)
+        scores = clf.predict_proba(Xte)[:, 1]
+        guess = clf.predict(Xte)
+    correct = (guess == yte).astype(float)
+    return (correct, scores) if return_scores else correct
+
+
+def auc_interval(scores: np.ndarray, members: np.ndarray, *, z: float = 1.959963984540054
+                 ) -> tuple[float, float, float]:
+    r"""The attack's ROC AUC on held-out trials with a Hanley-McNeil normal interval.
+
+    AUC = P(s_member > s_non) + P(tie)/2 (Mann-Whitney); with Q1 = A/(2 - A), Q2 = 2A^2/(1 + A),
+    $$\mathrm{SE}^2 = \frac{A(1-A) + (n_1 - 1)(Q_1 - A^2) + (n_0 - 1)(Q_2 - A^2)}{n_1 n_0}$$
+    and the interval A +- z SE, clipped to [0, 1].
+
+    Args:
+        scores: (n,) membership scores (higher: more likely a member).
+        members: (n,) booleans, both classes present.
+        z: the normal quantile (default: a two-sided 95 % interval).
+
+    Returns:
+        ``(auc, low, high)``.
+
+    Example:
+        >>> auc_interval(np.array([0.9, 0.8, 0.3, 0.1]), np.array([1, 1, 0, 0]))[0]
+        1.0
+
+    Reference: J. A. Hanley and B. J. McNeil, "The meaning and use of the area under a receiver operating
+    characteristic (ROC) curve", Radiology 143, 1982.
+    """
+    s = _finite("scores", np.asarray(scores, dtype=np.float64))
+    m = np.asarray(members).astype(bool)
+    if s.ndim != 1 or m.shape != s.shape:
+        raise ValueError(f"scores and members must be equal-length vectors, got {s.shape} and {m.shape}")
+    pos, neg = s[m], s[~m]
+    n1, n0 = len(pos), len(neg)
+    if n1 == 0 or n0 == 0:
+        raise ValueError("members must contain both members and non-members")
+    # AUC = P(s+ > s-) + P(s+ = s-)/2 over all (member, non-member) pairs
+    A = float(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (n1 * n0))
+    q1, q2 = A / (2 - A), 2 * A * A / (1 + A)
+    se = math.sqrt(max(A * (1 - A) + (n1 - 1) * (q1 - A * A) + (n0 - 1) * (q2 - A * A), 0.0) / (n1 * n0))
+    return A, max(0.0, A - z * se), min(1.0, A + z * se)
 
 
 def advantage(correct: np.ndarray) -> float:
