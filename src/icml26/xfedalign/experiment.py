@@ -8,14 +8,22 @@ non-IID (alpha = 0.3; on digits also an erased pixel band per client). In every 
 2. **Training, every arm its own run, same rounds and seeds**: FedAvg (BL-A), xFedAlign (``core.XFedAlign``),
    FedAttr-Agg (BL-C) -- the last two train exactly FedAvg's model, since explanations never enter the task
    loss -- and Fed-XAI (BL-D, the linear model).
-3. **Explanations, one protocol**: every client explains the deployed model's prediction on each of its own
-   test items with Captum's integrated gradients (baseline: training mean), pooled over groups; arms with a
-   shared per-class map P publish rownorm((1 - beta) |IG| + beta P[y_hat]) with the same beta: xFedAlign
-   (P = its prior), FedAttr-Agg (aggregated IG maps), Fed-XAI (|W| of its own linear model, explained by its
-   own exact IG) and ``uniform_prior`` (P uniform: the sanity arm for drift). Local-XAI publishes |IG| alone.
-   Reference arms: ``oracle`` (greedy order read off the metric: the ceiling) and ``random_order`` (trivial).
-4. **Metrics, one implementation** (``metrics.py``): deletion / insertion AUC per test item, EDI per
-   (client, class), accuracy per item; bytes per client and round from the runs' own accounting.
+3. **Explanations, one protocol**: every client explains its *own* model (``client_models``: the deployed
+   model fine-tuned for one epoch on the client's rows, the official Local-XAI step; Fed-XAI's linear model
+   likewise) on each of its own test items with Captum's integrated gradients (baseline: training mean), pooled
+   over groups; arms with a shared per-class map P publish rownorm((1 - beta) |IG| + beta P[y_hat]) with the
+   same beta: xFedAlign (P = its prior), FedAttr-Agg (aggregated IG maps), Fed-XAI (|W| of its global linear
+   model) and ``uniform_prior`` (P uniform). Local-XAI publishes |IG| alone. Controls for the drift measure:
+   ``wrong_class_prior`` (xFedAlign's prior, each class given another class's row), ``fedattr_entropy_matched``
+   (FedAttr-Agg's prior tempered to the xFedAlign prior's entropy) and the ceiling ``consensus_prior`` (P = the
+   reference below: reads the test explanations). ``xfedalign_tuned`` / ``fedattr_agg_tuned``: each prior at its
+   own beta from ``beta_grid``, chosen on validation items (``choose_beta``). Reference arms for faithfulness:
+   ``oracle`` (greedy order read off the metric) and ``random_order`` (trivial).
+4. **Metrics, one implementation** (``metrics.py``): deletion / insertion AUC per test item; per (client, class)
+   the drift to one fixed reference, the Local-XAI consensus of the test items (``edi_ref``,
+   ``metrics.drift_to_reference``: a shared map lowers it only by agreeing with the correct map), and the v1
+   EDI against each arm's own consensus (``edi``); accuracy per item; bytes per client and round from the runs'
+   own accounting.
 
 Per-unit outcomes pool the four worlds (units ``items``, ``client_classes``); per-world means are reported as
 ``<metric>_<world>``. Unit ids (:func:`world_unit_ids`, :func:`trial_ids`): an item is a row of the bundled data
@@ -63,6 +71,7 @@ from .baselines import FedAttrAgg, FedXAI, class_mean_maps, linear_group_prior
 from .core import (
     FedTrain,
     XFedAlign,
+    client_seed,
     distill_surrogate,
     make_artifact,
     sigma_for_epsilon,
@@ -71,11 +80,23 @@ from .core import (
 )
 from .data import FederatedTask, load_task
 from .explain import group_attributions, local_maps, published_explanations
-from .metrics import auc_interval, deletion_insertion, drift_units, greedy_oracle, membership_attack
+from .metrics import (
+    auc_interval,
+    class_consensus,
+    deletion_insertion,
+    drift_to_reference,
+    drift_units,
+    greedy_oracle,
+    match_entropy,
+    membership_attack,
+)
 from .models import ModelSpec, accuracy_items, local_sgd, predict_logits
 
 WORLDS = ("digits/iid", "digits/dirichlet", "cancer/iid", "cancer/dirichlet")
 EXPLAINED = ("local_xai", "fedattr_agg", "xfedalign", "uniform_prior", "fed_xai")
+CONTROLS = ("wrong_class_prior", "fedattr_entropy_matched", "consensus_prior")
+TUNED = {"xfedalign_tuned": "xfedalign", "fedattr_agg_tuned": "fedattr_agg"}
+"""arms at their own beta chosen on validation (``choose_beta``), and the arm whose prior they use"""
 
 
 @dataclass
@@ -102,6 +123,12 @@ class Config:
     """Gaussian noise on the artifacts' unit-norm rows"""
     beta: float = 0.35
     """alignment weight of every arm with a shared map (official MNIST value)"""
+    beta_grid: tuple[float, ...] = (0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)
+    """betas each ``TUNED`` arm chooses from on validation items (``choose_beta``)"""
+    faithfulness_slack: float = 0.02
+    """a tuned beta may cost at most this much validation insertion AUC against Local-XAI's (the card's 0.02)"""
+    client_finetune_epochs: int = 1
+    """local epochs that make each client's own model from the deployed one (official Local-XAI: 1)"""
     ig_steps: int = 32
     """integration points of the evaluation's integrated gradients"""
     random_draws: int = 16
@@ -152,11 +179,45 @@ def _proba(spec: ModelSpec, params: dict[str, np.ndarray]):
     return f
 
 
+def client_models(cfg: Config, task: FederatedTask, spec: ModelSpec, params: dict[str, np.ndarray], lr: float,
+                  l1: float = 0.0) -> list[dict[str, np.ndarray]]:
+    """Every client's own model: the deployed global model fine-tuned on the client's training rows for
+    ``client_finetune_epochs`` (the official Local-XAI baseline's step; every arm explains these models)."""
+    return [local_sgd(params, c.X_train, c.y_train, spec=spec, lr=lr, epochs=cfg.client_finetune_epochs,
+                      batch_size=cfg.batch_size, l1=l1, seed=client_seed(cfg.seed, c.cid, cfg.rounds + 1, 2))
+            for c in task.clients]
+
+
+def choose_beta(cfg: Config, task: FederatedTask, prior: np.ndarray, clients: dict[str, Any]
+                ) -> tuple[float, dict[str, list[float]]]:
+    """The arm's beta on validation items only: the least mean ``drift_to_reference`` (reference: the Local-XAI
+    consensus of the validation items) among the betas of ``beta_grid`` whose mean validation insertion AUC stays
+    within ``faithfulness_slack`` of Local-XAI's (ties: the smaller beta; none within: the smallest beta).
+
+    Returns the chosen beta and the validation curve ``{"beta", "drift", "insertion"}``.
+    """
+    local, yhat, probas = clients["val_local"], clients["val_yhat"], clients["probas"]
+    labels = [c.y_val for c in task.clients]
+    ins0 = clients["val_insertion_local"]
+    curve: dict[str, list[float]] = {"beta": list(cfg.beta_grid), "drift": [], "insertion": []}
+    for b in cfg.beta_grid:
+        maps = [published_explanations(l_, y_, prior, b) for l_, y_ in zip(local, yhat, strict=True)]
+        curve["drift"].append(float(drift_to_reference(maps, labels, clients["val_reference"])[0].mean()))
+        curve["insertion"].append(float(np.concatenate([
+            deletion_insertion(f, c.X_val, m, task.groups, task.baseline, y_)[1]
+            for f, c, m, y_ in zip(probas, task.clients, maps, yhat, strict=True)]).mean()))
+    ok = [i for i, v in enumerate(curve["insertion"]) if v >= ins0 - cfg.faithfulness_slack]
+    best = min(ok, key=lambda i: (curve["drift"][i], i)) if ok else 0
+    return float(cfg.beta_grid[best]), curve
+
+
 def evaluate_world(cfg: Config, task: FederatedTask, tuned: dict[str, tuple[float, dict[str, Any]]]
                    ) -> dict[str, Any]:
     """Train the explanation arms on ``task`` and evaluate every arm; returns per-unit and per-world values.
 
     ``tuned``: FedAvg's and Fed-XAI's chosen learning rate and the run that chose it (``"fedavg"``, ``"fed_xai"``).
+    Every arm explains each client's *own* model (``client_models``: the deployed model fine-tuned locally; Fed-XAI
+    its linear model fine-tuned the same way), mixed with the arm's shared map.
     """
     d, C, G = task.n_features, task.n_classes, task.n_groups
     mlp, lin = ModelSpec(d, C, HIDDEN[task.name]), ModelSpec(d, C, 0)
@@ -169,63 +230,84 @@ def evaluate_world(cfg: Config, task: FederatedTask, tuned: dict[str, tuple[floa
     attr = run_in_process(FedAttrAgg(mlp, task.groups, task.baseline, lr=fedavg_lr, last_round_only=True,
                                      **common), task.clients)
 
+    # the clients' own models and their local (beta = 0) explanations, on test and validation items
+    own = {"mlp": client_models(cfg, task, mlp, xfa["params"], fedavg_lr),
+           "lin": client_models(cfg, task, lin, fxai["params"], fedxai_lr, l1=FEDXAI_L1[task.name])}
+    ig = {kind: [group_attributions(spec, p, c.X_test, task.baseline, task.groups, n_steps=cfg.ig_steps)
+                 for p, c in zip(own[kind], task.clients, strict=True)]
+          for kind, spec in (("mlp", mlp), ("lin", lin))}
+    probas = {"mlp": [_proba(mlp, p) for p in own["mlp"]], "lin": [_proba(lin, p) for p in own["lin"]]}
+    labels = [c.y_test for c in task.clients]
+    # the fixed reference every arm's drift is measured against: the Local-XAI consensus of the test items
+    reference = class_consensus([local_maps(pooled) for pooled, _ in ig["mlp"]], labels, C)
+    val_ig = [group_attributions(mlp, p, c.X_val, task.baseline, task.groups, n_steps=cfg.ig_steps)
+              for p, c in zip(own["mlp"], task.clients, strict=True)]
+    val = {"val_local": [local_maps(pooled) for pooled, _ in val_ig], "val_yhat": [y_ for _, y_ in val_ig],
+           "probas": probas["mlp"]}
+    val["val_reference"] = class_consensus(val["val_local"], [c.y_val for c in task.clients], C)
+    val["val_insertion_local"] = float(np.concatenate([
+        deletion_insertion(f, c.X_val, m, task.groups, task.baseline, y_)[1]
+        for f, c, m, y_ in zip(probas["mlp"], task.clients, val["val_local"], val["val_yhat"], strict=True)]).mean())
+
     priors = {"local_xai": None, "fedattr_agg": attr["prior"], "xfedalign": xfa["prior"],
-              "uniform_prior": uniform_prior(C, G), "fed_xai": linear_group_prior(fxai["params"], task.groups)}
-    models = {a: (mlp, xfa["params"]) for a in EXPLAINED}
-    models["fed_xai"] = (lin, fxai["params"])
-    betas = {a: (0.0 if a == "local_xai" else cfg.beta) for a in EXPLAINED}
+              "uniform_prior": uniform_prior(C, G), "fed_xai": linear_group_prior(fxai["params"], task.groups),
+              # controls that must not pass the drift check: another class's prior row, FedAttr-Agg's prior
+              # tempered to the xFedAlign prior's entropy (same ranking, other flatness), and the ceiling
+              "wrong_class_prior": np.roll(xfa["prior"], 1, axis=0),
+              "fedattr_entropy_matched": match_entropy(attr["prior"], xfa["prior"]),
+              "consensus_prior": reference}
+    betas = {a: (0.0 if a == "local_xai" else cfg.beta) for a in priors}
+    curves = {}
+    for arm, base in TUNED.items():
+        betas[arm], curves[arm] = choose_beta(cfg, task, priors[base], val)
+        priors[arm] = priors[base]
+    kind_of = {a: ("lin" if a == "fed_xai" else "mlp") for a in priors}
 
     out: dict[str, Any] = {"items": {}, "client_classes": {}, "world": {}}
-    # per client: explanations of its own test items
-    maps: dict[str, list[np.ndarray]] = {a: [] for a in EXPLAINED}
-    dele: dict[str, list[np.ndarray]] = {a: [] for a in (*EXPLAINED, "random_order", "oracle")}
+    maps: dict[str, list[np.ndarray]] = {a: [] for a in priors}
+    dele: dict[str, list[np.ndarray]] = {a: [] for a in (*priors, "random_order", "oracle")}
     ins: dict[str, list[np.ndarray]] = {a: [] for a in dele}
     dgain: dict[str, list[np.ndarray]] = {a: [] for a in dele}
     igain: dict[str, list[np.ndarray]] = {a: [] for a in dele}
     rng = np.random.default_rng([cfg.seed, 4242])
-    chance: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for client in task.clients:
+    for i, client in enumerate(task.clients):
         X = client.X_test
         # the trivial reference: the mean AUCs of ``random_draws`` random group orders, per item and model
         draws = [rng.random((len(X), G)) for _ in range(cfg.random_draws)]
-        cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        chance.clear()
-        for arm in EXPLAINED:
-            spec, params = models[arm]
-            key = id(params)
-            proba = _proba(spec, params)
-            if key not in cache:
-                cache[key] = group_attributions(spec, params, X, task.baseline, task.groups, n_steps=cfg.ig_steps)
-                pairs = [deletion_insertion(proba, X, r, task.groups, task.baseline, cache[key][1]) for r in draws]
-                chance[key] = (np.mean([p[0] for p in pairs], 0), np.mean([p[1] for p in pairs], 0))
-            pooled, yhat = cache[key]
+        chance: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for kind in ("mlp", "lin"):
+            pairs = [deletion_insertion(probas[kind][i], X, r, task.groups, task.baseline, ig[kind][i][1])
+                     for r in draws]
+            chance[kind] = (np.mean([p[0] for p in pairs], 0), np.mean([p[1] for p in pairs], 0))
+        for arm in priors:
+            kind = kind_of[arm]
+            pooled, yhat = ig[kind][i]
             e = published_explanations(local_maps(pooled), yhat, priors[arm], betas[arm])
             maps[arm].append(e)
-            dl, il = deletion_insertion(proba, X, e, task.groups, task.baseline, yhat)
+            dl, il = deletion_insertion(probas[kind][i], X, e, task.groups, task.baseline, yhat)
             dele[arm].append(dl)
             ins[arm].append(il)
-            dgain[arm].append(chance[key][0] - dl)
-            igain[arm].append(il - chance[key][1])
-        key = id(xfa["params"])
-        proba = _proba(mlp, xfa["params"])
-        dele["random_order"].append(chance[key][0])
-        ins["random_order"].append(chance[key][1])
+            dgain[arm].append(chance[kind][0] - dl)
+            igain[arm].append(il - chance[kind][1])
+        dele["random_order"].append(chance["mlp"][0])
+        ins["random_order"].append(chance["mlp"][1])
         dgain["random_order"].append(np.zeros(len(X)))
         igain["random_order"].append(np.zeros(len(X)))
+        proba = probas["mlp"][i]
         od, oi = greedy_oracle(proba, X, task.groups, task.baseline)
         dele["oracle"].append(deletion_insertion(proba, X, od, task.groups, task.baseline)[0])
         ins["oracle"].append(deletion_insertion(proba, X, oi, task.groups, task.baseline)[1])
-        dgain["oracle"].append(chance[key][0] - dele["oracle"][-1])
-        igain["oracle"].append(ins["oracle"][-1] - chance[key][1])
+        dgain["oracle"].append(chance["mlp"][0] - dele["oracle"][-1])
+        igain["oracle"].append(ins["oracle"][-1] - chance["mlp"][1])
 
-    labels = [c.y_test for c in task.clients]
     for arm in dele:
         out["items"].setdefault(arm, {})["deletion_auc"] = np.concatenate(dele[arm])
         out["items"][arm]["insertion_auc"] = np.concatenate(ins[arm])
         out["items"][arm]["deletion_gain"] = np.concatenate(dgain[arm])
         out["items"][arm]["insertion_gain"] = np.concatenate(igain[arm])
-    for arm in EXPLAINED:
+    for arm in priors:
         out["client_classes"].setdefault(arm, {})["edi"] = drift_units(maps[arm], labels, C)[0]
+        out["client_classes"][arm]["edi_ref"] = drift_to_reference(maps[arm], labels, reference)[0]
     Xt, yt = task.pooled("test")
     out["items"]["fedavg"] = {"accuracy": accuracy_items(mlp, fedavg["params"], Xt, yt)}
     out["items"]["xfedalign"]["accuracy"] = accuracy_items(mlp, xfa["params"], Xt, yt)
@@ -236,31 +318,33 @@ def evaluate_world(cfg: Config, task: FederatedTask, tuned: dict[str, tuple[floa
                     "prior_down": last["download"] - last["params_up"],
                     "fedattr_up": attr["bytes"][-1]["explain_up"]}
     out["lrs"] = (fedavg_lr, fedxai_lr)
+    out["betas"] = {arm: betas[arm] for arm in TUNED}
+    out["beta_curves"] = curves
     out["runs"] = {"xfa": xfa, "algo": xfa_algo, "mlp": mlp, "lin": lin, "fxai": fxai}
+    out["clients"] = {"ig": ig["mlp"], "probas": probas["mlp"], "reference": reference}
     return out
 
 
 def beta_sweep(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[str, list[float]]:
-    """Mean EDI and insertion AUC of the xFedAlign and uniform priors across ``cfg.beta_sweep``."""
-    mlp, params, prior = world["runs"]["mlp"], world["runs"]["xfa"]["params"], world["runs"]["xfa"]["prior"]
+    """Mean EDI, drift to the reference and insertion AUC of the xFedAlign and uniform priors across
+    ``cfg.beta_sweep`` (the clients' own models)."""
+    prior = world["runs"]["xfa"]["prior"]
     C, G = task.n_classes, task.n_groups
-    local, yhats = [], []
-    for client in task.clients:
-        pooled, yhat = group_attributions(mlp, params, client.X_test, task.baseline, task.groups,
-                                          n_steps=cfg.ig_steps)
-        local.append(local_maps(pooled))
-        yhats.append(yhat)
+    own = world["clients"]
+    local = [local_maps(pooled) for pooled, _ in own["ig"]]
+    yhats = [y_ for _, y_ in own["ig"]]
+    labels = [c.y_test for c in task.clients]
     out: dict[str, list[float]] = {"beta": list(cfg.beta_sweep)}
-    proba = _proba(mlp, params)
     for name, P in (("xfedalign", prior), ("uniform_prior", uniform_prior(C, G))):
-        edi, ins = [], []
+        edi, edi_ref, ins = [], [], []
         for b in cfg.beta_sweep:
             maps = [published_explanations(l_, y_, P, b) for l_, y_ in zip(local, yhats, strict=True)]
-            edi.append(float(drift_units(maps, [c.y_test for c in task.clients], C)[0].mean()))
+            edi.append(float(drift_units(maps, labels, C)[0].mean()))
+            edi_ref.append(float(drift_to_reference(maps, labels, own["reference"])[0].mean()))
             ins.append(float(np.concatenate([
-                deletion_insertion(proba, c.X_test, m, task.groups, task.baseline, y_)[1]
-                for c, m, y_ in zip(task.clients, maps, yhats, strict=True)]).mean()))
-        out[f"{name}_edi"], out[f"{name}_insertion"] = edi, ins
+                deletion_insertion(f, c.X_test, m, task.groups, task.baseline, y_)[1]
+                for f, c, m, y_ in zip(own["probas"], task.clients, maps, yhats, strict=True)]).mean()))
+        out[f"{name}_edi"], out[f"{name}_edi_ref"], out[f"{name}_insertion"] = edi, edi_ref, ins
     return out
 
 
@@ -283,23 +367,24 @@ def poisoning(cfg: Config, task: FederatedTask, world: dict[str, Any]) -> dict[s
 
 def dp_arm(cfg: Config, task: FederatedTask, world: dict[str, Any], epsilon: float = 8.0,
            delta: float = 1e-5) -> dict[str, Any]:
-    """xFedAlign with noise calibrated to (epsilon, delta) over the run; its per-item faithfulness and EDI."""
+    """xFedAlign with noise calibrated to (epsilon, delta) over the run; its per-item faithfulness and drift (the
+    noise never touches the task model, so the clients' own models are the world's)."""
     algo: XFedAlign = world["runs"]["algo"]
     sigma = sigma_for_epsilon(epsilon, task.n_classes, cfg.rounds, delta)
     settings = {k: getattr(algo, k) for k in ("topk", "beta", "lr", "local_epochs", "batch_size", "rounds", "seed")}
     res = run_in_process(XFedAlign(algo.spec, task.groups, noise_sigma=sigma, **settings), task.clients)
-    mlp, params = world["runs"]["mlp"], res["params"]
+    own = world["clients"]
     maps, dele, ins = [], [], []
-    for client in task.clients:
-        pooled, yhat = group_attributions(mlp, params, client.X_test, task.baseline, task.groups,
-                                          n_steps=cfg.ig_steps)
+    for client, (pooled, yhat), proba in zip(task.clients, own["ig"], own["probas"], strict=True):
         e = published_explanations(local_maps(pooled), yhat, res["prior"], cfg.beta)
         maps.append(e)
-        dl, il = deletion_insertion(_proba(mlp, params), client.X_test, e, task.groups, task.baseline, yhat)
+        dl, il = deletion_insertion(proba, client.X_test, e, task.groups, task.baseline, yhat)
         dele.append(dl)
         ins.append(il)
+    labels = [c.y_test for c in task.clients]
     return {"sigma": sigma, "deletion_auc": np.concatenate(dele), "insertion_auc": np.concatenate(ins),
-            "edi": drift_units(maps, [c.y_test for c in task.clients], task.n_classes)[0]}
+            "edi": drift_units(maps, labels, task.n_classes)[0],
+            "edi_ref": drift_to_reference(maps, labels, own["reference"])[0]}
 
 
 MIA_ARMS = ("xfedalign", "xfedalign_nonoise", "fedattr_agg", "fed_xai", "local_xai")
@@ -415,6 +500,7 @@ def run(cfg: Config) -> SeedRun:
     held_out: dict[str, dict[str, list[str]]] = {"items": {"train": [], "validation": []}}
     metrics: dict[str, dict[str, float]] = {}
     series: dict[str, Any] = {}
+    edges: list[str] = []
     for world_name in progress(cfg.worlds, desc=f"xfedalign seed {cfg.seed}"):
         name, partition = world_name.split("/")
         task = load_task(name, partition, n_clients=N_CLIENTS[name], seed=cfg.seed, alpha=cfg.alpha)
@@ -441,6 +527,12 @@ def run(cfg: Config) -> SeedRun:
         b = world["bytes"]
         metrics.setdefault("fedavg", {})[f"lr_{tag}"] = lr_mlp
         metrics.setdefault("fed_xai", {})[f"lr_{tag}"] = lr_lin
+        for arm, beta in world["betas"].items():     # each tuned arm's beta, chosen on validation items
+            metrics.setdefault(arm, {})[f"beta_{tag}"] = beta
+            if beta in (cfg.beta_grid[0], cfg.beta_grid[-1]):
+                edges.append(f"{arm} on {world_name}: beta {beta:g} (grid {min(cfg.beta_grid):g}-"
+                             f"{max(cfg.beta_grid):g})")
+        series.setdefault("beta_validation", {})[tag] = world["beta_curves"]
         metrics["fedavg"][f"kb_per_client_round_{tag}"] = b["params_up"] / 1000
         metrics["xfedalign"][f"kb_per_client_round_{tag}"] = (b["explain_up"] + b["prior_down"]) / 1000
         metrics["xfedalign"][f"overhead_vs_fedavg_{tag}"] = (b["explain_up"] + b["prior_down"]) / (2 * b["params_up"])
@@ -459,7 +551,8 @@ def run(cfg: Config) -> SeedRun:
                 metrics.setdefault("xfedalign_dp8", {}).update(
                     {"sigma": dp["sigma"], "deletion_auc_digits_dirichlet": float(dp["deletion_auc"].mean()),
                      "insertion_auc_digits_dirichlet": float(dp["insertion_auc"].mean()),
-                     "edi_digits_dirichlet": float(dp["edi"].mean())})
+                     "edi_digits_dirichlet": float(dp["edi"].mean()),
+                     "edi_ref_digits_dirichlet": float(dp["edi_ref"].mean())})
             if cfg.mia_trials > 0:
                 mia = membership(cfg, task, world)
                 # a trial's unit is its index: the natural and canary games draw their own trials, paired by index
@@ -484,7 +577,11 @@ def run(cfg: Config) -> SeedRun:
     units = {u: v for u, v in units.items() if v}
     unit_ids = {u: v for u, v in unit_ids.items() if u in units}
     held_out = {u: v for u, v in held_out.items() if u in units}
-    return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out)
+    notes = {}
+    if edges:   # a chosen beta on the grid's edge: the grid is already [0.05, 0.95], so it is reported, not extended
+        notes["drift_ref_vs_fedattr_tuned"] = ("beta chosen on an edge of its validation grid (not extended: the grid "
+                                               "spans 0.05-0.95 of a weight in [0, 1]): " + "; ".join(edges))
+    return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out, notes=notes)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -504,16 +601,18 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     paths.append(save_figure(fig, out_dir / f"{result['mode']}_faithfulness.png"))
     sweeps = [r.series["beta_sweep"] for r in runs if "beta_sweep" in r.series]
     if sweeps:
-        fig, ax = new_figure(1, 1, figsize=(5.5, 4))
-        for name, style in (("xfedalign", "o-"), ("uniform_prior", "s--")):
-            edi = np.mean([s[f"{name}_edi"] for s in sweeps], axis=0)
-            ins = np.mean([s[f"{name}_insertion"] for s in sweeps], axis=0)
-            ax.plot(edi, ins, style, label=name)
-            for b, x_, y_ in zip(sweeps[0]["beta"], edi, ins, strict=True):
-                ax.annotate(f"{b:g}", (x_, y_), fontsize=7)
-        ax.set_xlabel("EDI (bits, lower: less drift)")
-        ax.set_ylabel("insertion AUC (higher: more faithful)")
-        ax.set_title("digits / Dirichlet: drift vs faithfulness over beta")
-        ax.legend(fontsize=8)
+        fig, axes = new_figure(1, 2, figsize=(11, 4))
+        for ax, key, label in ((axes[0], "edi", "EDI, each arm against its own consensus (bits)"),
+                               (axes[1], "edi_ref", "drift to the Local-XAI consensus (bits)")):
+            for name, style in (("xfedalign", "o-"), ("uniform_prior", "s--")):
+                edi = np.mean([s[f"{name}_{key}"] for s in sweeps], axis=0)
+                ins = np.mean([s[f"{name}_insertion"] for s in sweeps], axis=0)
+                ax.plot(edi, ins, style, label=name)
+                for b, x_, y_ in zip(sweeps[0]["beta"], edi, ins, strict=True):
+                    ax.annotate(f"{b:g}", (x_, y_), fontsize=7)
+            ax.set_xlabel(label + ", lower: less drift", fontsize=8)
+            ax.set_ylabel("insertion AUC (higher: more faithful)")
+            ax.set_title("digits / Dirichlet: drift vs faithfulness over beta", fontsize=9)
+            ax.legend(fontsize=8)
         paths.append(save_figure(fig, out_dir / f"{result['mode']}_beta_tradeoff.png"))
     return paths

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .core import _finite, jsd
+from .core import _finite, jsd, normalize_rows
 from .data import GroupSpec
 
 
@@ -150,6 +150,106 @@ def drift_units(client_maps: Sequence[np.ndarray], client_labels: Sequence[np.nd
         ref = np.mean([means[k] for k in keys if k[1] == c], axis=0)
         values.append(float(jsd(means[(i, c)], ref)))
     return np.asarray(values), keys
+
+
+def class_consensus(client_maps: Sequence[np.ndarray], client_labels: Sequence[np.ndarray], n_classes: int
+                    ) -> np.ndarray:
+    """The (C, G) reference map: per class, the mean of every client's explanations of its items of that class.
+
+    Built from Local-XAI's explanations (beta = 0) it is the arm-independent consensus that ``drift_to_reference``
+    measures every arm against; a class with no item gets a uniform row.
+    """
+    maps = np.concatenate([np.asarray(m, dtype=np.float64) for m in client_maps])
+    labels = np.concatenate([np.asarray(y) for y in client_labels])
+    if maps.ndim != 2 or len(maps) != len(labels):
+        raise ValueError(f"need one (n_i, G) map array per client with one label per row, got {maps.shape} maps "
+                         f"and {labels.shape} labels")
+    G = maps.shape[1]
+    out = np.full((n_classes, G), 1.0 / G)
+    for c in range(n_classes):
+        if (labels == c).any():
+            out[c] = maps[labels == c].mean(0)
+    return normalize_rows(out)
+
+
+def drift_to_reference(client_maps: Sequence[np.ndarray], client_labels: Sequence[np.ndarray],
+                       reference: np.ndarray, min_count: int = 2) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    r"""Drift that rewards agreement with the correct map: $$D_{i,c} = \mathrm{JSD}(m_{i,c}\,\|\,R_c)$$ per
+    (client, class) unit, m_{i,c} the mean of client i's published explanations of its class-c items and R_c a
+    fixed reference (``class_consensus`` of Local-XAI's explanations), the same for every arm.
+
+    Unlike ``drift_units`` (each arm against its *own* consensus, so any shared map contracts it), mixing in a map
+    moves D only as far as the map agrees with R_c: a wrong-class or uninformative map does not buy a reduction
+    by being flat.
+
+    Args:
+        client_maps: per client, the (n_i, G) published explanations of its items.
+        client_labels: per client, the (n_i,) true classes of those items.
+        reference: (C, G) rows on the simplex.
+        min_count: fewest items of a class a client needs for its unit.
+
+    Returns:
+        (values, keys) in (client, class) order; the keys are ``drift_units``' keys for the same labels.
+
+    Example:
+        >>> ref = np.array([[0.5, 0.5], [0.9, 0.1]])
+        >>> v, keys = drift_to_reference([np.array([[0.5, 0.5], [0.5, 0.5]])], [np.array([0, 0])], ref)
+        >>> v.tolist(), keys
+        ([0.0], [(0, 0)])
+    """
+    ref = _finite("reference", np.asarray(reference, dtype=np.float64))
+    if len(client_maps) != len(client_labels):
+        raise ValueError("need one label array per client's maps")
+    if ref.ndim != 2:
+        raise ValueError(f"reference must be a (classes, groups) matrix, got shape {ref.shape}")
+    values, keys = [], []
+    for i, (maps, labels) in enumerate(zip(client_maps, client_labels, strict=True)):
+        maps, labels = np.asarray(maps, dtype=np.float64), np.asarray(labels)
+        for c in range(ref.shape[0]):
+            rows = labels == c
+            if rows.sum() >= min_count:
+                keys.append((i, c))
+                # $$D_{i,c} = \mathrm{JSD}(m_{i,c} \| R_c)$$
+                values.append(float(jsd(maps[rows].mean(0), ref[c])))
+    return np.asarray(values), keys
+
+
+def match_entropy(P: np.ndarray, target: np.ndarray, *, iters: int = 100) -> np.ndarray:
+    r"""Each row of ``P`` tempered, $$\tilde P_c \propto P_c^{1/t_c}$$, so that its entropy equals ``target``'s row
+    (bisection on log t_c in [-8, 8]); the control that keeps a prior's ranking and changes only how flat it is.
+
+    Example:
+        >>> P = np.array([[0.7, 0.2, 0.1]]); T = np.array([[0.4, 0.35, 0.25]])
+        >>> bool(abs(_entropy(match_entropy(P, T)) - _entropy(T)).max() < 1e-9)
+        True
+    """
+    P = normalize_rows(np.maximum(_finite("P", np.asarray(P, dtype=np.float64)), 1e-12))
+    T = normalize_rows(_finite("target", np.asarray(target, dtype=np.float64)))
+    if P.shape != T.shape:
+        raise ValueError(f"P and target must have the same shape, got {P.shape} and {T.shape}")
+    out = np.empty_like(P)
+    for c in range(len(P)):
+        goal = float(_entropy(T[c : c + 1])[0])
+        lo, hi = -8.0, 8.0                                  # log t: entropy rises with t
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            if _entropy(_temper(P[c : c + 1], mid))[0] < goal:
+                lo = mid
+            else:
+                hi = mid
+        out[c] = _temper(P[c : c + 1], 0.5 * (lo + hi))[0]
+    return out
+
+
+def _temper(P: np.ndarray, log_t: float) -> np.ndarray:
+    L = np.log(P) / math.exp(log_t)
+    L -= L.max(1, keepdims=True)
+    return normalize_rows(np.exp(L))
+
+
+def _entropy(P: np.ndarray) -> np.ndarray:
+    P = np.asarray(P, dtype=np.float64)
+    return -(P * np.log(np.where(P > 0, P, 1.0))).sum(1)
 
 
 def explanation_drift_index(client_maps: Sequence[np.ndarray], client_labels: Sequence[np.ndarray],
