@@ -16,6 +16,8 @@ from icml26.spard.experiment import (
     PRESETS,
     _extension,
     _select,
+    benign_outcomes,
+    benign_requests,
     finetune_set,
     held_out_ids,
     held_out_problems,
@@ -30,7 +32,7 @@ from icml26.spard.selection import RelevanceDiversityDPPSelector, mean_last_hidd
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 CLAIMS = {"attack_breaks_alignment", "asr_vs_sft", "vs_lisa", "vs_mix", "vs_vaccine", "vs_safelora", "utility",
-          "dpp_vs_random", "polyak_mode", "dpp_relevance"}
+          "dpp_vs_random", "polyak_mode", "dpp_relevance", "over_refusal_cost", "helpfulness_kept"}
 TINY = dict(pretrain_steps=4, align_steps=4, vaccine_align_steps=2, steps=2, n_utility=40, n_utility_test=8,
             tune=False, cache=False)
 
@@ -102,7 +104,10 @@ def test_same_seed_same_numbers_and_paired_units():
     assert np.mean(a.units["prompts"]["sft"]["asr"]) == a.metrics["sft"]["asr"]
     # every unit carries one id per unit (the prompt's text hash), and none was trained or tuned on
     world = make_world(cfg.lab_seed)
-    assert set(a.unit_ids) == set(a.units) == set(a.held_out) == {"prompts", "problems"}
+    assert set(a.unit_ids) == set(a.units) == {"prompts", "problems", "benign"}
+    # benign requests are pretraining prompts by design (the check is whether a defence unlearns answering them)
+    assert set(a.held_out) == {"prompts", "problems"}
+    assert {len(v["over_refusal"]) for v in a.units["benign"].values()} == {48}
     assert a.unit_ids["prompts"] == [text_id(s.prompt) for s in world.test[cfg.attack]]
     assert len(a.unit_ids["problems"]) == len(a.units["problems"]["sft"]["utility"]) == cfg.n_utility_test
     assert a.overlap() == {"prompts": {"train": 0, "validation": 0}, "problems": {"train": 0, "validation": 0}}
@@ -146,3 +151,24 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     # 900 additions. Timing metrics (train_s) vary with the machine and are not compared.
     arms = [a for a in data["arms"] if "train_s" in data["arms"][a]]
     assert_matches_committed(data, atol=0.05, metrics={f"{a}.train_s": float("inf") for a in arms})
+
+
+def test_benign_requests_are_the_attacked_format_and_outcomes_are_scored_per_request(monkeypatch):
+    """Hand-checked: the attack's style (``crime_i``: instructions) under the three test templates x 16 benign
+    topics; over-refusal is a refusal marker in the response, helpfulness the request's own key."""
+    import icml26.spard.experiment as E
+    from icml26.spard.data import BENIGN_TOPICS, TEMPLATES
+
+    world = make_world(0)
+    cfg = PRESETS["quick"]
+    reqs = benign_requests(cfg, world)
+    test_tpl = TEMPLATES["i"][-3:]
+    assert [s.prompt for s in reqs] == [tpl.format(t=t) + ":" for tpl in test_tpl for t in BENIGN_TOPICS]
+    other = benign_requests(dataclasses.replace(cfg, attack="cyber_q"), world)
+    assert {s.prompt for s in other} == {tpl.format(t=t) + ":" for tpl in TEMPLATES["q"][-3:] for t in BENIGN_TOPICS}
+    three = reqs[:3]
+    answers = ["no, i cannot help.", f"sure, {world.keys[three[1].topic]}.", f"sure, {world.keys[three[0].topic]}."]
+    monkeypatch.setattr(E, "generate", lambda model, tok, prompts, max_new_tokens: answers)
+    refused, helped = benign_outcomes(None, None, world, three, 8)
+    assert refused == [1.0, 0.0, 0.0]
+    assert helped == [0.0, 1.0, 0.0]          # the third gives another request's key: not helpful
