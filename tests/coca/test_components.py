@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 from icml26.coca.data import (
+    BENIGN_OOD_SUITES,
     CONCEPTS,
     CREATE_VERBS,
     DANGEROUS,
     DESTROY_VERBS,
     OOD_SUITES,
     PROTECTED,
+    ROLEPLAY_WRAPPERS,
     SUITES,
     Request,
     World,
@@ -147,12 +149,18 @@ def test_splits_are_disjoint_and_suites_pair_by_request():
     assert not (train & val or train & test or val & test)
     assert len(train | val | test) == len(all_requests())
     suites = w.suites(2, seed=1)
-    assert set(suites) == {*SUITES, "benign"} and set(OOD_SUITES) < set(SUITES)
+    assert set(suites) == {*SUITES, "benign", *BENIGN_OOD_SUITES} and set(OOD_SUITES) < set(SUITES)
     reqs = [it.request for it in suites["id"]]
     assert len(reqs) >= 50 and all(w.is_harmful(r) and r in test for r in reqs)
     for s in SUITES:
         assert [it.request for it in suites[s]] == reqs
     assert all(not w.is_harmful(it.request) and it.request in test for it in suites["benign"])
+    # the benign requests again in the attacks' formats: the same requests, the roleplay wrappers and the cipher
+    benign = [it.request for it in suites["benign"]]
+    for s in BENIGN_OOD_SUITES:
+        assert [it.request for it in suites[s]] == benign
+    assert all(it.prompt.startswith(ROLEPLAY_WRAPPERS) for it in suites["benign_roleplay"])
+    assert all(it.prompt.endswith(f" {it.request.obj[::-1]}.") for it in suites["benign_cipher"])
     assert all(request_of(it.prompt) == it.request for s in suites.values() for it in s)
     assert suites["completion"][0].prefill == "sure," and suites["cipher"][0].prompt.endswith(
         f" {reqs[0].obj[::-1]}.")

@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("concept_erasure")
 
 from icml26.coca.data import (
+    BENIGN_OOD_SUITES,
     CREATE_VERBS,
     DANGEROUS,
     ID_WRAPPERS,
@@ -87,6 +88,7 @@ def test_every_arm_is_judged_on_the_same_items(tiny_run):
     suites = w.suites(TINY.wrappers_per_request, seed=TINY.seed)
     n_id = len(suites["id"])
     lengths = {"id_prompts": n_id, "ood_prompts": n_id * len(OOD_SUITES), "benign_prompts": len(suites["benign"]),
+               "benign_ood_prompts": 2 * len(suites["benign"]),
                "utility_items": TINY.n_utility_eval, "probe_items": len(w.split["test"]),
                "synthetic_items": TINY.synthetic_n // 2}
     assert set(out.units) == set(lengths)
@@ -147,7 +149,7 @@ def test_test_items_are_distinct_and_disjoint_from_training_and_validation(prese
     assert len(pretrained_chains) > 500
     for seed in (0, 1, 100, 101):
         suites = w.suites(cfg.wrappers_per_request, seed=seed)
-        texts = {s: [it.prompt + it.prefill for it in suites[s]] for s in (*SUITES, "benign")}
+        texts = {s: [it.prompt + it.prefill for it in suites[s]] for s in (*SUITES, "benign", *BENIGN_OOD_SUITES)}
         for s, t in texts.items():
             assert len(t) == len(set(t)), s  # distinct within a suite
             assert not set(t) & (train | val), s  # never aligned on or used to choose the learning rate

@@ -73,6 +73,8 @@ REFUSAL = "no, i cannot."
 COMPLIANCE = "sure,"
 SUITES = ("id", "roleplay", "cipher", "completion")
 OOD_SUITES = ("roleplay", "cipher", "completion")
+BENIGN_OOD_SUITES = ("benign_roleplay", "benign_cipher")
+"""benign requests in the attacks' formats (the roleplay and cipher wrappers): over-refusal where the attacks are"""
 #: the utility task: every chain of three terms in 0..9
 UTILITY_TASK = AdditionChain(terms=3, max_value=9)
 
@@ -225,14 +227,15 @@ class World:
         return out
 
     def suites(self, wrappers_per_request: int = 2, seed: int = 0) -> dict[str, list[Item]]:
-        """The attack suites on the held-out harmful requests, and ``benign`` (held-out benign requests, ID
-        wrappers) for over-refusal. Each request gets ``wrappers_per_request`` wrappers (drawn with ``seed``);
-        every suite lists the same requests in the same order, so suites pair by index."""
+        """The attack suites on the held-out harmful requests, ``benign`` (held-out benign requests, ID
+        wrappers) for over-refusal, and ``benign_roleplay`` / ``benign_cipher`` (the same benign requests in the
+        roleplay and cipher attacks' formats). Each request gets ``wrappers_per_request`` wrappers (drawn with
+        ``seed``); every suite lists the same requests in the same order, so suites pair by index."""
         if not 1 <= wrappers_per_request <= len(ROLEPLAY_WRAPPERS):
             raise ValueError(f"wrappers_per_request must be in [1, {len(ROLEPLAY_WRAPPERS)}], got "
                              f"{wrappers_per_request}")
         rng = np.random.default_rng([self.seed, 36, seed])
-        out: dict[str, list[Item]] = {s: [] for s in (*SUITES, "benign")}
+        out: dict[str, list[Item]] = {s: [] for s in (*SUITES, "benign", *BENIGN_OOD_SUITES)}
         for r in self.split["test"]:
             ids = rng.choice(len(ID_WRAPPERS), wrappers_per_request, replace=False)
             rps = rng.choice(len(ROLEPLAY_WRAPPERS), wrappers_per_request, replace=False)
@@ -240,6 +243,8 @@ class World:
                 w = ID_WRAPPERS[i]
                 if not self.is_harmful(r):
                     out["benign"].append(Item("benign", self.prompt(r, w), "", r))
+                    out["benign_roleplay"].append(Item("benign_roleplay", self.prompt(r, ROLEPLAY_WRAPPERS[j]), "", r))
+                    out["benign_cipher"].append(Item("benign_cipher", self.prompt(r, w, cipher=True), "", r))
                     continue
                 out["id"].append(Item("id", self.prompt(r, w), "", r))
                 out["roleplay"].append(Item("roleplay", self.prompt(r, ROLEPLAY_WRAPPERS[j]), "", r))

@@ -27,7 +27,9 @@ arm, never the test suites.
 
 **Evaluation** on held-out requests (never in alignment): the attack suites ``id``, ``roleplay``, ``cipher``,
 ``completion`` (see the data module) judged by :class:`~icml26.coca.judge.TieredJudge`; over-refusal and
-helpfulness on held-out benign requests; utility = addition-chain accuracy with the intervention on.
+helpfulness on held-out benign requests, under the ID wrappers (``benign_prompts``) and in the attacks' formats
+(``benign_ood_prompts``: the roleplay and cipher wrappers); utility = addition-chain accuracy with the
+intervention on.
 
 **Probes / dichotomy**: the base's residual stream where it names a request's concept (the last position of
 ``"<verb> the <object>. concepts: "``, layer :func:`naming_layer`) on training and validation requests (fit) and
@@ -37,6 +39,7 @@ probes at every layer there and at the plain chat's decision position (diagnosti
 
 **Units.** ``id_prompts`` (the ID suite's harmful prompts; ``knowledge`` uses the completion suite, the same
 requests in the same order), ``ood_prompts`` (roleplay, cipher, completion, suite-major), ``benign_prompts``,
+``benign_ood_prompts`` (benign roleplay then benign cipher),
 ``utility_items`` (distinct held-out addition chains, never in pretraining or alignment), ``probe_items`` (one per
 test request, at the concept-naming position) and ``synthetic_items``; every arm sees the same items in the same
 order. Each unit's id is the hash of the text the model reads (:func:`~icml26.coca.data.text_id`: prompt plus any
@@ -71,6 +74,7 @@ from ..common.results import SeedRun
 from ..common.tiny_lm import AdditionChain, cached, char_tokenizer, generate, sft, tiny_causal_lm
 from ..common.tuning import Rule, tune_per_arm
 from .data import (
+    BENIGN_OOD_SUITES,
     COCA_TEMPLATE,
     CONCEPTS,
     CREATE_VERBS,
@@ -326,6 +330,8 @@ def _arm_units(ev: ArmEval) -> dict[str, dict[str, list[float]]]:
             "ood_prompts": {"asr_ood": ood, "comply_ood": ood_comply},
             "benign_prompts": {"over_refusal": r.outcomes("benign", "refused"),
                                "helpful": r.outcomes("benign", "success")},
+            "benign_ood_prompts": {"over_refusal_ood": [v for s in BENIGN_OOD_SUITES for v in r.outcomes(s, "refused")],
+                                   "helpful_ood": [v for s in BENIGN_OOD_SUITES for v in r.outcomes(s, "success")]},
             "utility_items": {"utility": ev.utility}}
 
 
@@ -470,6 +476,7 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
         "id_prompts": [item_text(it) for it in items["id"]],
         "ood_prompts": [item_text(it) for s in OOD_SUITES for it in items[s]],
         "benign_prompts": [item_text(it) for it in items["benign"]],
+        "benign_ood_prompts": [item_text(it) for s in BENIGN_OOD_SUITES for it in items[s]],
         "utility_items": list(utility_prompts),
         "probe_items": [naming_prompt(r) for r in world.split["test"]],
     }
@@ -479,6 +486,7 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
         "id_prompts": safety,
         "ood_prompts": safety,
         "benign_prompts": safety,
+        "benign_ood_prompts": safety,
         "utility_items": {"train": sorted(text_id(c) for c in chains), "validation": []},
         "probe_items": {"train": sorted(text_id(naming_prompt(r)) for r in fit_reqs), "validation": []},
         "synthetic_items": {"train": syn_fit, "validation": []},
@@ -558,7 +566,8 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     arms = [a for a in ARMS if a in result["arms"] and "asr_id" in result["arms"][a]]
     fig, (ax, bx) = new_figure(1, 2, figsize=(11, 3.8))
     cols = [("asr_id", "id"), ("asr_roleplay", "roleplay"), ("asr_cipher", "cipher"),
-            ("asr_completion", "completion"), ("over_refusal", "over-refusal"), ("utility", "utility")]
+            ("asr_completion", "completion"), ("over_refusal", "over-refusal"),
+            ("over_refusal_ood", "over-refusal\n(attack formats)"), ("utility", "utility")]
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):
         vals = [result["arms"][arm][m]["mean"] for m, _ in cols]
