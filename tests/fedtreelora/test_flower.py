@@ -1,7 +1,7 @@
 """FedTreeLoRA on Flower: the App project's run config and client data; the harness's real ServerApp and
 ClientApp exchanging real Flower messages (in this process, through Flower's wire format) bit-identical to the
-in-process runner; the personalised ``FedTreeLoRAStrategy`` driven by ``Strategy.start`` over the same fake
-Grid; and (slow) a real ``flwr run`` on a local SuperLink agreeing with the in-process runner."""
+in-process runner (``FedTreeLoRAStrategy`` in a user's ServerApp: ``test_strategy_flower.py``); and (slow) a
+real ``flwr run`` on a local SuperLink agreeing with the in-process runner."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("transformers")
 
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from icml26.common.federation import FailurePolicy, run_in_process
 from icml26.fedtreelora import flower as app
@@ -165,28 +165,6 @@ def test_the_apps_exchange_flower_messages_bit_identical_to_in_process(lab, task
         deepest = max(layer_index(k) for k in last[a] if k.startswith("clus/"))
         key = next(k for k in last[a] if k.startswith("clus/") and layer_index(k) == deepest)
         assert not np.array_equal(last[a][key], last[b][key])
-
-
-def test_the_strategy_over_flower_messages_equals_in_process(lab, task_identity):
-    """``FedTreeLoRAStrategy`` (a ``flwr.serverapp.strategy.Strategy``) driven by Flower's ``Strategy.start``."""
-    from icml26.fedtreelora.strategy import FedTreeLoRAStrategy, client_app
-
-    _, trainer, clients = lab
-    clients = clients[:3]
-    algo = FedTreeLoRA(trainer, train_rounds=3, local_steps=2, lr=0.05, warmup_rounds=1, seed=1)
-    strategy = FedTreeLoRAStrategy(algo, len(clients))
-    grid = InlineGrid(client_app(algo, lambda c: clients[c]), len(clients), {})
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds)
-    local = run_in_process(algo, clients)
-    _same_run(algo.result(strategy.state), local)
-    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
-    assert result.train_metrics_clientapp[3]["bytes-up"] == local["bytes_up"][2]
-    assert result.evaluate_metrics_clientapp[3]["test-accuracy"] == pytest.approx(
-        np.mean([v.mean() for v in local["test"].values()]))
-    with pytest.raises(TypeError, match="FederatedLoRA"):
-        FedTreeLoRAStrategy(object(), 3)
-    with pytest.raises(ValueError, match="n_clients"):
-        FedTreeLoRAStrategy(algo, 0)
 
 
 # ------------------------------------------------------------------------------------------ real Flower runs

@@ -1,223 +1,441 @@
-"""FedTreeLoRA on Flower: ``FedTreeLoRAStrategy``, a personalised ``flwr.serverapp.strategy.Strategy``, and its
-``ClientApp``.
+r"""FedTreeLoRA as a Flower strategy: ``FedTreeLoRAStrategy``, a ``flwr.serverapp.strategy.FedAvg`` subclass that
+a user puts in their own ``ServerApp``, and ``client_app``, a stock ``ClientApp`` (``@app.train()`` /
+``@app.evaluate()``) running the library's LoRA trainer.
 
-Personalised aggregation needs a different payload per client, so the strategy does not broadcast one model:
+The strategy works on the ``ArrayRecord`` a stock ClientApp sends (its LoRA factors by their peft names,
+``...layers.<l>...lora_A.weight`` / ``lora_B.weight``, and any other trainable arrays) and the ``num-examples``
+of its ``MetricRecord``; it knows clients by their Flower node id, so no handshake is needed. Each round:
 
-- the first round maps Flower's random node ids to the clients' ``partition-id`` with one ``query`` message each
-  (clients echo ``context.node_config["partition-id"]``);
-- ``configure_train`` sends every node **its own** ``Message``: the cluster experts (``clus/<peft key>``) and
-  external experts (``ext/<peft key>``) the algorithm's server state holds for that client, plus the phase and
-  the round, as an ``ArrayRecord`` + ``ConfigRecord`` (``common.federation.payload_to_records``);
-- the client (``client_app``) runs the same ``FederatedLoRA.client_step`` as the in-process runner, keeps its
-  private adapters and gates in ``context.state`` and answers with its uploaded keys and its partition id;
-- ``aggregate_train`` regroups the replies by partition id and calls the algorithm's ``aggregate`` (tree, cuts,
-  cluster and external experts); it returns the **trunk**, the adapters every client shares (layers cut into one
-  cluster), as the round's global ``ArrayRecord``, and the round's byte counts as metrics;
-- after the last round ``configure_evaluate`` sends the evaluation messages (``message_type="evaluate"``);
-  ``aggregate_evaluate`` stores each client's per-item correctness and returns the mean accuracies.
+- ``configure_train`` samples ``max(int(fraction_train * N), min_train_nodes)`` of the N connected nodes (after
+  waiting for ``min_available_nodes``) and sends **each its own** ``RecordDict``: ``"arrays"``: its personal
+  starting point (a node never seen gets the ``arrays`` of ``start()`` / the last round's global arrays; during
+  the warm-up a node gets back its own last LoRA factors; after the tree, its cluster expert of every layer),
+  ``"config"``: the ``config`` of ``start()`` plus ``server-round``, and, after the tree, ``"external"``: its
+  external experts (the average of the other clusters) for a client that mixes them in through a gate (a client
+  that ignores them trains a cluster-only model). Arrays that are not LoRA factors are averaged over everyone;
+- ``aggregate_train`` keeps the replies that arrived without error and are well formed (one ``ArrayRecord`` with
+  the same keys as the others, finite values, a positive ``num-examples``); **failure policy**: a node that
+  raised, sent a malformed reply or did not answer within ``start(timeout=...)`` is dropped from the round and
+  named in ``history``; if at least ``min_train_replies`` replies remain the round is aggregated over them (a
+  cluster expert averages every member's latest factors, so a member that missed the round counts with its last
+  upload), else the round is skipped: personal models, tree and global arrays unchanged (``(None, None)``);
+- after round ``warmup_rounds`` (the first round from it with >= 2 known nodes) it builds **one** client tree from
+  the nodes' B factors and cuts it per layer (``core.build_client_tree``, ``select_layer_cuts``); then
 
-The strategy works with every ``core.FederatedLoRA`` (FedTreeLoRA and the baselines); driven by Flower's
-``Strategy.start`` it gives bit-identical adapters and outcomes to ``common.federation.run_in_process``
-(``tests/fedtreelora/test_flower.py``). It is for users who compose their own ``ServerApp`` around a
-``Strategy``; the packaged Flower App (``flwr run``, failure policy, local SuperLink runner) is ``flower.py``, built
-on the federation harness. Needs the ``fl`` extra (and ``hf`` for the client's model).
+  $$\bar A^{clus}_{l,k} = \textstyle\sum_{j \in S^{(l)}_k} w_j A_{l,j} / \sum_{j \in S^{(l)}_k} w_j,\quad
+    \bar A^{ext}_{l,k} = \text{the same over the nodes outside } S^{(l)}_k$$
 
-Example (inside a ``ServerApp``'s ``main(grid, context)``; ``client_app(algo, load)`` on the nodes):
-    >>> strategy = FedTreeLoRAStrategy(algo, n_clients=8)                     # doctest: +SKIP
-    >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(),
-    ...                         num_rounds=strategy.num_rounds)                # doctest: +SKIP
-    >>> algo.result(strategy.state)["log"]["cuts"]                             # doctest: +SKIP
-    [1, 2, 4, 4]
+  (``core.aggregate_tree_lora``); nodes that first answer after the tree is built train from the global arrays;
+- the global ``ArrayRecord`` (``Result.arrays``) is the ``num-examples``-weighted mean of the round's replies: for
+  a layer cut into one cluster it is that layer's shared expert;
+- ``configure_evaluate`` sends every sampled node its personal model; ``aggregate_evaluate`` averages the
+  replies' metrics (weighted by ``num-examples``) and keeps each node's own in ``evaluations``.
+
+With every node answering every round, it feeds a client the same inputs as ``core.FedTreeLoRA`` in
+``common.federation.run_in_process`` (``tests/fedtreelora/test_strategy_flower.py`` checks per-client accuracies
+and trees agree). ``flower.py`` is the packaged Flower App on the federation harness (every baseline arm).
+
+Example (inside a user's ``ServerApp``; see ``tests/fedtreelora/test_strategy_flower.py``):
+    >>> from flwr.app import ArrayRecord, ConfigRecord
+    >>> strategy = FedTreeLoRAStrategy(fraction_train=0.5, min_train_nodes=2, warmup_rounds=2)
+    >>> strategy.warmup_rounds, strategy.fraction_train
+    (2, 0.5)
+    >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(init_lora), num_rounds=6,
+    ...                         train_config=ConfigRecord({"lr": 0.01}))          # doctest: +SKIP
+
+Reference: FedTreeLoRA, Bian, Wang, Zhang, Xu, ICML 2026 (arXiv:2603.13282); the Message-API strategy interface of
+Flower 1.22+ (``flwr.serverapp.strategy.Strategy``, ``FedAvg``).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 
-from ..common.federation import check_payload, payload_to_records, records_to_payload
 from ..common.optional import requires
 
 requires("flwr", extra="fedtreelora", purpose="the Flower strategy of FedTreeLoRA")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord  # noqa: E402
+from flwr.app import (  # noqa: E402
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid, ServerApp  # noqa: E402
-from flwr.serverapp.strategy import Strategy  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from flwr.supercore import log  # noqa: E402
 
-from .core import CLUS, EXT, FederatedLoRA  # noqa: E402
+from .core import (  # noqa: E402
+    CUT_RULES,
+    DISTANCES,
+    LINKAGES,
+    FedTreeLoRA,
+    _check_tau_window,
+    aggregate_tree_lora,
+    build_client_tree,
+    factor_of,
+    independent_partitions,
+    layer_index,
+    select_layer_cuts,
+    tree_partitions,
+    weighted_mean,
+)
 
-_ROUND, _PARTITION, _HELLO = "__round", "__partition", "__hello"
+
+def _fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
 
 
-class FedTreeLoRAStrategy(Strategy):
-    """A personalised Flower strategy: one message per node from a ``core.FederatedLoRA``'s server state.
+def _count(name: str, value: Any, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def is_lora_key(key: str) -> bool:
+    """Whether ``key`` names a LoRA factor of a numbered layer (``...layers.3...lora_B.weight``)."""
+    try:
+        factor_of(key)
+        layer_index(key)
+    except ValueError:
+        return False
+    return True
+
+
+def sample(grid: Grid, fraction: float, min_nodes: int, min_available: int, rng: random.Random,
+           wait: float = 1.0) -> tuple[list[int], list[int]]:
+    """``max(int(fraction * N), min_nodes)`` of the N connected nodes (sorted), drawn by ``rng``, after waiting
+    for ``max(min_available, that many)`` nodes; returns (sampled, all connected)."""
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        # FedAvg's sample size: max(int(fraction * N), min_nodes)
+        k = max(int(len(nodes) * fraction), min_nodes)
+        if len(nodes) >= max(min_available, k):
+            return sorted(rng.sample(nodes, k)), nodes
+        log(INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", len(nodes),
+            max(min_available, k))
+        time.sleep(wait)
+
+
+def reply_problem(reply: Message, weighted_by_key: str, keys: Iterable[str] | None) -> str | None:
+    """Why a train reply cannot be aggregated (None: it can): an error, not exactly one ``ArrayRecord``, other
+    keys than ``keys``, non-finite values, or no positive ``weighted_by_key`` in its ``MetricRecord``."""
+    if reply.has_error():
+        return f"raised: {reply.error.reason}"
+    content = reply.content
+    if len(content.array_records) != 1:
+        return f"expected one ArrayRecord, got {len(content.array_records)}"
+    arrays = next(iter(content.array_records.values()))
+    if keys is not None and set(arrays.keys()) != set(keys):
+        return f"its arrays {sorted(set(arrays.keys()) ^ set(keys))[:3]} differ from the other replies'"
+    if any(not np.all(np.isfinite(a.numpy())) for a in arrays.values()):
+        return "its arrays hold NaN or Inf"
+    weights = [m[weighted_by_key] for m in content.metric_records.values() if weighted_by_key in m]
+    if len(weights) != 1 or isinstance(weights[0], list) or not (math.isfinite(weights[0]) and weights[0] > 0):
+        return f"no positive '{weighted_by_key}' in its MetricRecord"
+    return None
+
+
+def arrays_of(reply: Message) -> dict[str, np.ndarray]:
+    """The reply's one ``ArrayRecord`` as numpy arrays (in its order)."""
+    return {k: v.numpy() for k, v in next(iter(reply.content.array_records.values())).items()}
+
+
+def weight_of(reply: Message, key: str) -> float:
+    """The reply's ``key`` (e.g. ``num-examples``) from its ``MetricRecord``."""
+    return float(next(m[key] for m in reply.content.metric_records.values() if key in m))
+
+
+class FedTreeLoRAStrategy(FedAvg):
+    """FedTreeLoRA's per-layer tree aggregation as a Flower ``FedAvg``-style strategy (see the module docstring).
 
     Args:
-        algorithm: ``FedTreeLoRA`` (or any ``FederatedLoRA`` baseline); the client app must hold the same one.
-        n_clients: number of SuperNodes (all take part in every round).
-        timeout: seconds to wait for the partition-id query.
+        fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn:
+            as Flower's ``FedAvg``.
+        min_train_replies: the fewest usable train replies for a round to be aggregated (else it is skipped).
+        warmup_rounds: E_warm, rounds of local-only LoRA training before the tree (>= 1).
+        tau, window, distance, linkage, cut_rule, fixed_k, external: the tree and its cuts (``core.FedTreeLoRA``).
+        external_key: the message's ``ArrayRecord`` holding the external experts.
+        seed: seed of the node sampling (None: a random one).
 
     Attributes:
-        state: the algorithm's server state (tree, cuts, messages, byte counts; after the run ``val``/``test``).
-        partition_of: Flower node id -> partition id.
+        tree: after the warm-up, ``{"ids", "cuts", "partitions", "linkage", "layers"}`` (node ids).
+        personal: node id -> ``{"clus": {key: array}, "ext": {key: array}}``, its next starting point.
+        history: one dict per train round: ``sampled``, ``aggregated`` and ``failed`` (node -> why) nodes,
+            ``skipped``.
+        evaluations: round -> {node id: its evaluate MetricRecord as a dict}.
+
+    Raises:
+        ValueError: a bad argument, named.
     """
 
-    def __init__(self, algorithm: FederatedLoRA, n_clients: int, *, timeout: float = 600.0):
-        if not isinstance(algorithm, FederatedLoRA):
-            raise TypeError(f"algorithm must be a FederatedLoRA (e.g. FedTreeLoRA), got {type(algorithm).__name__}")
-        if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
-            raise ValueError(f"n_clients must be a positive int, got {n_clients!r}")
-        self.algorithm, self.n_clients, self.timeout = algorithm, n_clients, float(timeout)
-        self.ids = list(range(n_clients))
-        self.state = algorithm.initial_state(self.ids)
-        self.partition_of: dict[int, int] = {}
+    def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2, *, min_train_replies: int = 1,
+                 warmup_rounds: int = 2, tau: float = 0.2, window: int = 3, distance: str = "cosine",
+                 linkage: str = "average", cut_rule: str = "tree", fixed_k: int | None = None,
+                 external: bool = True, weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
+                 configrecord_key: str = "config", external_key: str = "external",
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 seed: int | None = None):
+        fraction_train = _fraction("fraction_train", fraction_train)
+        fraction_evaluate = _fraction("fraction_evaluate", fraction_evaluate)
+        for name, value in (("min_train_nodes", min_train_nodes), ("min_evaluate_nodes", min_evaluate_nodes),
+                            ("min_available_nodes", min_available_nodes)):
+            _count(name, value)
+        self.min_train_replies = _count("min_train_replies", min_train_replies, 1)
+        self.warmup_rounds = _count("warmup_rounds", warmup_rounds, 1)
+        if distance not in DISTANCES:
+            raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        if linkage not in LINKAGES:
+            raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
+        if cut_rule not in CUT_RULES:
+            raise ValueError(f"cut_rule must be one of {CUT_RULES}, got {cut_rule!r}")
+        if cut_rule == "fixed":
+            _count("fixed_k", fixed_k, 1)
+        _check_tau_window(tau, window)
+        for name, key in (("weighted_by_key", weighted_by_key), ("arrayrecord_key", arrayrecord_key),
+                          ("configrecord_key", configrecord_key), ("external_key", external_key)):
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"{name} must be a non-empty str, got {key!r}")
+        if len({arrayrecord_key, configrecord_key, external_key}) < 3:
+            raise ValueError("arrayrecord_key, configrecord_key and external_key must differ")
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes, weighted_by_key=weighted_by_key,
+                         arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        self.tau, self.window, self.distance, self.linkage = float(tau), int(window), distance, linkage
+        self.cut_rule, self.fixed_k, self.external, self.external_key = cut_rule, fixed_k, bool(external), external_key
+        self.rng = random.Random(seed)
+        self.keys: list[str] | None = None
+        self.latest: dict[int, dict[str, np.ndarray]] = {}
+        self.weights: dict[int, float] = {}
+        self.tree: dict[str, Any] | None = None
+        self.personal: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+        self.history: list[dict[str, Any]] = []
+        self.evaluations: dict[int, dict[int, dict[str, Any]]] = {}
+        self._sampled: dict[tuple[str, int], list[int]] = {}
 
-    @property
-    def num_rounds(self) -> int:
-        """Flower rounds: the algorithm's training rounds (its evaluation runs in the last round's evaluate)."""
-        return self.algorithm.train_rounds
+    @classmethod
+    def from_algorithm(cls, algorithm: FedTreeLoRA, **flower: Any) -> FedTreeLoRAStrategy:
+        """The strategy with ``algorithm``'s tree settings (warm-up, tau, window, distance, linkage, cut rule,
+        external experts) and Flower's sampling arguments ``flower``."""
+        if not isinstance(algorithm, FedTreeLoRA):
+            raise TypeError(f"algorithm must be a FedTreeLoRA, got {type(algorithm).__name__}")
+        a = algorithm
+        return cls(**{**dict(warmup_rounds=a.warmup_rounds, tau=a.tau, window=a.window, distance=a.distance,
+                             linkage=a.linkage, cut_rule=a.cut_rule, fixed_k=a.fixed_k, external=a.external),
+                      **flower})
 
     def summary(self) -> None:
-        """Nothing to log beyond Flower's own round lines."""
+        """Flower's FedAvg summary plus the tree settings."""
+        super().summary()
+        log(INFO, "\t└──> FedTreeLoRA: warm-up %d round(s), tau %.3g, window %d, %s/%s, cut rule %s, external %s, "
+            "at least %d replies per round", self.warmup_rounds, self.tau, self.window, self.distance, self.linkage,
+            self.cut_rule, self.external, self.min_train_replies)
 
-    def _map_partitions(self, grid: Grid) -> dict[int, int]:
-        if len(self.partition_of) == self.n_clients:
-            return {cid: node for node, cid in self.partition_of.items()}
-        deadline = time.monotonic() + self.timeout
-        nodes = list(grid.get_node_ids())
-        while len(nodes) < self.n_clients:  # SuperNodes register asynchronously
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(nodes)} of {self.n_clients} Flower nodes registered")
-            time.sleep(0.1)
-            nodes = list(grid.get_node_ids())
-        if len(nodes) != self.n_clients:
-            raise RuntimeError(f"{len(nodes)} Flower nodes for {self.n_clients} clients")
-        hello = [Message(content=payload_to_records({_HELLO: True}), dst_node_id=node, message_type="query")
-                 for node in nodes]
-        for reply in grid.send_and_receive(hello, timeout=self.timeout):
-            if reply.has_error():
-                raise RuntimeError(f"a Flower client failed to report its partition: {reply.error}")
-            self.partition_of[reply.metadata.src_node_id] = int(records_to_payload(reply.content)[_PARTITION])
-        if sorted(self.partition_of.values()) != self.ids:
-            raise RuntimeError(f"Flower nodes reported partitions {sorted(self.partition_of.values())}")
-        return {cid: node for node, cid in self.partition_of.items()}
+    # -- messages -------------------------------------------------------------------------------------------
+    def personal_arrays(self, node: int, arrays: ArrayRecord) -> tuple[ArrayRecord, ArrayRecord | None]:
+        """(starting arrays, external experts or None) of ``node``: ``arrays`` with its personal LoRA factors."""
+        mine = self.personal.get(node)
+        if mine is None:
+            return arrays, None
+        out = {k: v for k, v in arrays.items() if k not in mine["clus"]}
+        out.update({k: Array(np.ascontiguousarray(v)) for k, v in mine["clus"].items()})
+        ext = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in mine["ext"].items()}) if mine["ext"] \
+            else None
+        return ArrayRecord(out), ext
 
-    def _messages(self, rnd: int, grid: Grid, message_type: str) -> list[Message]:
-        node_of = self._map_partitions(grid)
-        payloads = self.algorithm.configure(rnd, self.state, self.ids)
-        return [Message(content=payload_to_records({**check_payload(payloads[cid], f"message to client {cid}"),
-                                                    _ROUND: rnd}),
-                        dst_node_id=node_of[cid], message_type=message_type) for cid in self.ids]
-
-    def _replies(self, replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        for reply in replies:
-            if reply.has_error():
-                raise RuntimeError(f"a Flower client failed: {reply.error}")
-            payload = records_to_payload(reply.content)
-            out[int(payload.pop(_PARTITION))] = payload
-        if sorted(out) != self.ids:
-            raise RuntimeError(f"replies from partitions {sorted(out)}, expected {self.ids}")
+    def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
+                  message_type: str) -> list[Message]:
+        config = ConfigRecord({**dict(config), "server-round": server_round})  # start()'s config, with the round
+        out = []
+        for node in nodes:
+            mine, ext = self.personal_arrays(node, arrays)
+            record = RecordDict({self.arrayrecord_key: mine, self.configrecord_key: config})
+            if ext is not None:
+                record[self.external_key] = ext
+            out.append(Message(content=record, message_type=message_type, dst_node_id=node))
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                         ) -> Iterable[Message]:
-        """Every node's own message: its cluster and external experts for this round."""
-        return self._messages(server_round, grid, "train")
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The algorithm's aggregation (tree and cuts after the warm-up); returns the shared trunk and byte counts."""
-        self.state = self.algorithm.aggregate(server_round, self.state, self._replies(replies))
-        return self.trunk(), MetricRecord({"bytes-up": int(self.state["bytes_up"][-1]),
-                                           "bytes-down": int(self.state["bytes_down"][-1])})
-
-    def trunk(self) -> ArrayRecord:
-        """The adapters every client receives identically (the layers shared by all), as one ``ArrayRecord``."""
-        msgs = self.state["messages"]
-        if not msgs:
-            return ArrayRecord()
-        shared = {}
-        for k, v in msgs[self.ids[0]].items():
-            if not k.startswith(CLUS) or any(EXT + k[len(CLUS):] in msgs[c] for c in self.ids):
-                continue
-            if all(k in msgs[c] and np.array_equal(msgs[c][k], v) for c in self.ids):
-                shared[k] = v
-        return ArrayRecord({k[len(CLUS):]: Array(np.ascontiguousarray(v)) for k, v in shared.items()})
+        """Sample nodes; each gets its own starting arrays (and external experts) and ``config``."""
+        if self.fraction_train == 0.0:
+            return []
+        nodes, everyone = sample(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
+        log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
+        self._sampled["train", server_round] = nodes
+        return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                            ) -> Iterable[Message]:
-        """After the last training round: every client evaluates its personalised model."""
-        if server_round < self.num_rounds:
+        """Sample nodes; each evaluates its personal model."""
+        if self.fraction_evaluate == 0.0:
             return []
-        return self._messages(self.num_rounds + 1, grid, "evaluate")
+        nodes, everyone = sample(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
+                                 self.rng)
+        log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
+        self._sampled["evaluate", server_round] = nodes
+        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
+
+    # -- aggregation ----------------------------------------------------------------------------------------
+    def _usable(self, kind: str, server_round: int, replies: Iterable[Message], keys: list[str] | None
+                ) -> tuple[dict[int, Message], dict[int, str]]:
+        usable: dict[int, Message] = {}
+        failed: dict[int, str] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            why = reply_problem(reply, self.weighted_by_key, keys) if kind == "train" else (
+                f"raised: {reply.error.reason}" if reply.has_error() else None)
+            if why is None and keys is None and kind == "train":
+                keys = list(arrays_of(reply))
+            if why is None:
+                usable[node] = reply
+            else:
+                failed[node] = why
+        for node in self._sampled.get((kind, server_round), []):
+            if node not in usable and node not in failed:
+                failed[node] = "did not answer"
+        for node, why in sorted(failed.items()):
+            log(WARNING, "%s round %d: node %d dropped (%s)", kind, server_round, node, why)
+        return dict(sorted(usable.items())), failed
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The failure policy, then the tree (once, after the warm-up), every node's cluster and external experts,
+        and the global weighted mean."""
+        usable, failed = self._usable("train", server_round, replies, self.keys)
+        entry = {"round": server_round, "sampled": self._sampled.get(("train", server_round), []),
+                 "aggregated": sorted(usable), "failed": failed, "skipped": len(usable) < self.min_train_replies}
+        self.history.append(entry)
+        if entry["skipped"]:
+            log(WARNING, "aggregate_train: round %d skipped: %d usable replies, fewer than min_train_replies=%d",
+                server_round, len(usable), self.min_train_replies)
+            return None, None
+        uploads = {node: arrays_of(reply) for node, reply in usable.items()}
+        if self.keys is None:
+            self.keys = list(next(iter(uploads.values())))
+        lora = [k for k in self.keys if is_lora_key(k)]
+        for node, reply in usable.items():
+            self.latest[node] = {k: uploads[node][k] for k in lora}
+            self.weights[node] = weight_of(reply, self.weighted_by_key)
+        known = sorted(self.latest)
+        if self.tree is None and server_round >= self.warmup_rounds and len(known) >= 2 and lora:
+            self.tree = self.build(known, lora)
+        if self.tree is None:  # the warm-up: every node keeps its own factors
+            for node in usable:
+                self.personal[node] = {"clus": dict(self.latest[node]), "ext": {}}
+        else:
+            ids = self.tree["ids"]
+            experts = aggregate_tree_lora({node: self.latest[node] for node in ids},
+                                          dict(zip(self.tree["layers"], self.tree["partitions"], strict=True)),
+                                          {node: self.weights[node] for node in ids}, external=self.external)
+            self.personal.update({node: experts[node] for node in ids})
+        nodes = list(usable)
+        # $$\bar\theta = \sum_j n_j \theta_j / \sum_j n_j$$ over the round's usable replies (nodes in id order)
+        mean = {k: weighted_mean([uploads[n][k] for n in nodes], [self.weights[n] for n in nodes])
+                .astype(uploads[nodes[0]][k].dtype, copy=False) for k in self.keys}
+        metrics = self.train_metrics_aggr_fn([usable[n].content for n in nodes], self.weighted_by_key)
+        metrics["aggregated-nodes"] = len(nodes)
+        metrics["failed-nodes"] = len(failed)
+        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in mean.items()}), metrics
+
+    def build(self, ids: list[int], lora: list[str]) -> dict[str, Any]:
+        """The client tree over ``ids`` from their latest B factors, and its per-layer cuts (``core``)."""
+        layers = sorted({layer_index(k) for k in lora})
+        B = {node: [[self.latest[node][k] for k in lora if factor_of(k) == "B" and layer_index(k) == layer]
+                    for layer in layers] for node in ids}
+        tree = build_client_tree(B, self.distance, self.linkage)
+        if self.cut_rule == "tree":
+            cuts = select_layer_cuts(tree, self.tau, self.window)
+            partitions = tree_partitions(tree, cuts)
+        elif self.cut_rule == "fixed":
+            cuts = [min(self.fixed_k, len(ids))] * len(layers)
+            partitions = tree_partitions(tree, cuts)
+        else:
+            cuts, partitions = independent_partitions(tree.layer_distances, tree.ids, self.tau, self.linkage)
+        log(INFO, "FedTreeLoRA: client tree over %d nodes, clusters per layer %s", len(ids), list(cuts))
+        return {"ids": list(ids), "layers": layers, "cuts": [int(c) for c in cuts], "partitions": partitions,
+                "linkage": tree.linkage}
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Per-client correctness into the state; mean validation and test accuracy as metrics."""
-        replies = list(replies)
-        if not replies:
+        """Weighted mean of the replies' metrics (errors and silent nodes dropped); per-node in ``evaluations``."""
+        usable, _ = self._usable("evaluate", server_round, replies, None)
+        usable = {n: r for n, r in usable.items() if any(self.weighted_by_key in m for m in
+                                                         r.content.metric_records.values())}
+        if not usable:
             return None
-        self.state = self.algorithm.aggregate(self.num_rounds + 1, self.state, self._replies(replies))
-        return MetricRecord({"val-accuracy": float(np.mean([v.mean() for v in self.state["val"].values()])),
-                             "test-accuracy": float(np.mean([v.mean() for v in self.state["test"].values()]))})
+        self.evaluations[server_round] = {n: {k: v for m in r.content.metric_records.values() for k, v in m.items()}
+                                          for n, r in usable.items()}
+        return self.evaluate_metrics_aggr_fn([r.content for r in usable.values()], self.weighted_by_key)
 
 
-def _store_state(records: Any, state: dict[str, Any]) -> None:
-    converted = payload_to_records(state)
-    records["fedtreelora_arrays"] = converted["arrays"]
-    records["fedtreelora_scalars"] = converted["scalars"]
+# ------------------------------------------------------------------------------------------ a stock ClientApp
+def _gates(context: Context, algorithm: FedTreeLoRA) -> dict[str, float]:
+    start = math.log(algorithm.gate_init / (1.0 - algorithm.gate_init))
+    kept = context.state.metric_records.get("fedtreelora-gates")
+    return {m: float(kept[m]) if kept is not None and m in kept else start for m in algorithm.modules}
 
 
-def _load_state(records: Any) -> dict[str, Any]:
-    if "fedtreelora_arrays" not in records:
-        return {}
-    out: dict[str, Any] = {k: v.numpy() for k, v in records["fedtreelora_arrays"].items()}
-    out.update(dict(records["fedtreelora_scalars"].items()))
-    return out
+def client_app(algorithm: FedTreeLoRA, load_client: Callable[[int], Any]) -> ClientApp:
+    """A stock ``ClientApp`` (``@app.train()``, ``@app.evaluate()``) running ``algorithm.trainer`` on
+    ``load_client(partition_id)``.
 
-
-def client_app(algorithm: FederatedLoRA, load_client: Callable[[int], Any]) -> ClientApp:
-    """A ``ClientApp`` running ``algorithm.client_step`` on ``load_client(partition_id)`` (only its own data).
-
-    Its private adapters and gates live in ``context.state`` across rounds.
+    train: loads ``msg.content["arrays"]`` (and ``"external"`` if sent), runs ``local-steps`` AdamW steps at
+    ``lr`` (the message's config, else the algorithm's), keeps its gates in ``context.state``, and answers
+    ``{"arrays": its LoRA factors, "metrics": {"num-examples"}}``. evaluate: answers ``num-examples`` (test items),
+    ``val-accuracy`` and ``test-accuracy`` of its personalised model.
     """
+    if not isinstance(algorithm, FedTreeLoRA):
+        raise TypeError(f"algorithm must be a FedTreeLoRA, got {type(algorithm).__name__}")
     app = ClientApp()
 
-    def handle(msg: Message, context: Context) -> Message:
-        cid = int(context.node_config["partition-id"])
-        payload = records_to_payload(msg.content)
-        if payload.pop(_HELLO, False):
-            return Message(content=payload_to_records({_PARTITION: cid}), reply_to=msg)
-        rnd = int(payload.pop(_ROUND))
-        reply, new_state = algorithm.client_step(load_client(cid), payload, _load_state(context.state), rnd)
-        _store_state(context.state, check_payload(new_state, f"client {cid} state"))
-        out = {**check_payload(reply, f"round {rnd} reply of client {cid}"), _PARTITION: cid}
-        return Message(content=payload_to_records(out), reply_to=msg)
+    def inputs(msg: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        arrays = msg.content["arrays"]
+        clus = {k: arrays[k].numpy() for k in algorithm.keys}
+        ext = {k: v.numpy() for k, v in msg.content["external"].items()} \
+            if "external" in msg.content.array_records else {}
+        return clus, ext
 
-    app.query()(handle)
-    app.train()(handle)
-    app.evaluate()(handle)
-    return app
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        data = load_client(int(context.node_config["partition-id"]))
+        config = msg.content["config"]
+        clus, ext = inputs(msg)
+        kwargs = algorithm.train_kwargs(data, int(config["server-round"]))
+        kwargs.update(steps=int(config.get("local-steps", kwargs["steps"])), lr=float(config.get("lr", kwargs["lr"])))
+        trained, mix = algorithm.trainer.train(data.train, clus, ext, _gates(context, algorithm), **kwargs)
+        context.state["fedtreelora-gates"] = MetricRecord({m: float(v) for m, v in mix.items()})
+        return Message(RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(trained[k]))
+                                                          for k in algorithm.keys}),
+                                   "metrics": MetricRecord({"num-examples": int(data.n_train)})}), reply_to=msg)
 
-
-def server_app(strategy: FedTreeLoRAStrategy, outcome: dict[str, Any] | None = None) -> ServerApp:
-    """A ``ServerApp`` running ``strategy`` for its algorithm's rounds; fills ``outcome`` (``result`` or ``error``)."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            result = strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
-                                    timeout=strategy.timeout)
-            if outcome is not None:
-                outcome["result"] = result
-        except BaseException as exc:  # surfaced to the caller through outcome
-            if outcome is None:
-                raise
-            outcome["error"] = exc
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        data = load_client(int(context.node_config["partition-id"]))
+        clus, ext = inputs(msg)
+        mix = _gates(context, algorithm)
+        val = algorithm.trainer.correct(data.val, clus, ext, mix)
+        test = algorithm.trainer.correct(data.test, clus, ext, mix)
+        return Message(RecordDict({"metrics": MetricRecord({
+            "num-examples": len(test), "val-accuracy": float(np.mean(val)) if len(val) else 0.0,
+            "test-accuracy": float(np.mean(test)) if len(test) else 0.0})}), reply_to=msg)
 
     return app

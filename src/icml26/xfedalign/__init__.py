@@ -33,9 +33,10 @@ from .core import (
 )
 
 _FLOWER = ("client_app", "drop_policy", "run_local", "server_app")
+_STRATEGY = ("XFedAlignStrategy",)
 
 __all__ = [
-    "SparseArtifact", "Surrogate", "XFedAlign", "aggregate_prior", "align", "client_app", "distill_surrogate",
+    "SparseArtifact", "Surrogate", "XFedAlign", "XFedAlignStrategy", "aggregate_prior", "align", "client_app", "distill_surrogate",
     "drop_policy", "jsd", "make_artifact", "run_local", "server_app", "sigma_for_epsilon", "zcdp_epsilon",
 ]
 
@@ -45,4 +46,8 @@ def __getattr__(name: str) -> Any:
         from . import flower
 
         return getattr(flower, name)
+    if name in _STRATEGY:  # the Flower strategy for a user's own ServerApp (needs flwr)
+        from . import strategy
+
+        return getattr(strategy, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

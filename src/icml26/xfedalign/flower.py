@@ -10,7 +10,7 @@ on a SuperLink whose environment, and every SuperNode's, has ``icml26[xfedalign]
 
 - down (``train`` messages): the global parameters (``param/<name>``), the (C, G) prior (float32), ``beta`` and
   the run's ``seed``; up: the client's parameters, its sample count and its artifact (``SparseArtifact``'s
-  payload: C k indices and 8-bit values, a scale, its class counts), nothing else;
+  payload: C k indices and 8-bit values, a scale, its noised class-presence bits), nothing else;
 - the server averages the parameters in client-id order (``models.fedavg``, Flower's own float32 arithmetic)
   and folds the artifacts into the prior (``XFedAlign.aggregate_explanations``);
 - a client's data: ``--node-config 'partition-id=K data-path="client.npz"'`` on its SuperNode (``write_client``
