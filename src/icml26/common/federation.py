@@ -295,6 +295,36 @@ def run_in_process(algorithm: FederatedAlgorithm, client_data: Sequence[Any], *,
 
 
 # ----------------------------------------------------------------------------------------------- Flower apps
+def check_fraction(name: str, value: Any) -> float:
+    """A strategy's fraction argument (``fraction_train``, ...): a number in [0, 1], else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_count(name: str, value: Any, low: int = 0) -> int:
+    """A strategy's count argument (``min_train_nodes``, ...): an int >= ``low``, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def sample_nodes(grid: Any, fraction: float, min_nodes: int, min_available: int, rng: Any,
+                 wait: float = 1.0) -> tuple[list[int], list[int]]:
+    """The nodes a Flower strategy trains this round: ``max(int(fraction * N), min_nodes)`` of the N connected
+    nodes (sorted), drawn by ``rng`` (a ``random.Random``), after waiting for ``max(min_available, that many)``
+    nodes (FedAvg's rule); returns (sampled, all connected)."""
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        # FedAvg's sample size: max(int(fraction * N), min_nodes)
+        k = max(int(len(nodes) * fraction), min_nodes)
+        if len(nodes) >= max(min_available, k):
+            return sorted(rng.sample(nodes, k)), nodes
+        logging.getLogger("flwr").info("Waiting for nodes to connect: %d connected (minimum required: %d).", len(nodes),
+                                        max(min_available, k))
+        time.sleep(wait)
+
+
 def payload_to_records(payload: Payload) -> Any:
     """A payload as a Flower ``RecordDict``: arrays in an ``ArrayRecord``, scalars in a ``ConfigRecord``."""
     flwr_app = requires("flwr.app", extra="fl", purpose="running on Flower")

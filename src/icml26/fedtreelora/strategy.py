@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 
+from ..common.federation import check_count, check_fraction, sample_nodes
 from ..common.optional import requires
 
 requires("flwr", extra="fedtreelora", purpose="the Flower strategy of FedTreeLoRA")
@@ -94,18 +94,6 @@ from .core import (  # noqa: E402
 )
 
 
-def _fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: Any, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 def is_lora_key(key: str) -> bool:
     """Whether ``key`` names a LoRA factor of a numbered layer (``...layers.3...lora_B.weight``)."""
     try:
@@ -114,21 +102,6 @@ def is_lora_key(key: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def sample(grid: Grid, fraction: float, min_nodes: int, min_available: int, rng: random.Random,
-           wait: float = 1.0) -> tuple[list[int], list[int]]:
-    """``max(int(fraction * N), min_nodes)`` of the N connected nodes (sorted), drawn by ``rng``, after waiting
-    for ``max(min_available, that many)`` nodes; returns (sampled, all connected)."""
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        # FedAvg's sample size: max(int(fraction * N), min_nodes)
-        k = max(int(len(nodes) * fraction), min_nodes)
-        if len(nodes) >= max(min_available, k):
-            return sorted(rng.sample(nodes, k)), nodes
-        log(INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", len(nodes),
-            max(min_available, k))
-        time.sleep(wait)
 
 
 def reply_problem(reply: Message, weighted_by_key: str, keys: Iterable[str] | None) -> str | None:
@@ -193,13 +166,13 @@ class FedTreeLoRAStrategy(FedAvg):
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  seed: int | None = None):
-        fraction_train = _fraction("fraction_train", fraction_train)
-        fraction_evaluate = _fraction("fraction_evaluate", fraction_evaluate)
+        fraction_train = check_fraction("fraction_train", fraction_train)
+        fraction_evaluate = check_fraction("fraction_evaluate", fraction_evaluate)
         for name, value in (("min_train_nodes", min_train_nodes), ("min_evaluate_nodes", min_evaluate_nodes),
                             ("min_available_nodes", min_available_nodes)):
-            _count(name, value)
-        self.min_train_replies = _count("min_train_replies", min_train_replies, 1)
-        self.warmup_rounds = _count("warmup_rounds", warmup_rounds, 1)
+            check_count(name, value)
+        self.min_train_replies = check_count("min_train_replies", min_train_replies, 1)
+        self.warmup_rounds = check_count("warmup_rounds", warmup_rounds, 1)
         if distance not in DISTANCES:
             raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
         if linkage not in LINKAGES:
@@ -207,7 +180,7 @@ class FedTreeLoRAStrategy(FedAvg):
         if cut_rule not in CUT_RULES:
             raise ValueError(f"cut_rule must be one of {CUT_RULES}, got {cut_rule!r}")
         if cut_rule == "fixed":
-            _count("fixed_k", fixed_k, 1)
+            check_count("fixed_k", fixed_k, 1)
         _check_tau_window(tau, window)
         for name, key in (("weighted_by_key", weighted_by_key), ("arrayrecord_key", arrayrecord_key),
                           ("configrecord_key", configrecord_key), ("external_key", external_key)):
@@ -279,7 +252,7 @@ class FedTreeLoRAStrategy(FedAvg):
         """Sample nodes; each gets its own starting arrays (and external experts) and ``config``."""
         if self.fraction_train == 0.0:
             return []
-        nodes, everyone = sample(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
+        nodes, everyone = sample_nodes(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
         log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
         self._sampled["train", server_round] = nodes
         return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
@@ -289,7 +262,7 @@ class FedTreeLoRAStrategy(FedAvg):
         """Sample nodes; each evaluates its personal model."""
         if self.fraction_evaluate == 0.0:
             return []
-        nodes, everyone = sample(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
+        nodes, everyone = sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
                                  self.rng)
         log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
         self._sampled["evaluate", server_round] = nodes

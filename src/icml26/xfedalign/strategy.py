@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 
+from ..common.federation import check_count, check_fraction, sample_nodes
 from ..common.optional import requires
 
 requires("flwr", extra="xfedalign", purpose="the Flower strategy of xFedAlign")
@@ -68,33 +68,6 @@ from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.supercore import log  # noqa: E402
 
 from .core import AGGREGATIONS, PARAM, SparseArtifact, XFedAlign, aggregate_prior, params_of, uniform_prior  # noqa: E402
-
-
-def _fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: Any, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
-def sample(grid: Grid, fraction: float, min_nodes: int, min_available: int, rng: random.Random,
-           wait: float = 1.0) -> tuple[list[int], list[int]]:
-    """``max(int(fraction * N), min_nodes)`` of the N connected nodes (sorted), drawn by ``rng``, after waiting
-    for ``max(min_available, that many)`` nodes; returns (sampled, all connected)."""
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        # FedAvg's sample size: max(int(fraction * N), min_nodes)
-        k = max(int(len(nodes) * fraction), min_nodes)
-        if len(nodes) >= max(min_available, k):
-            return sorted(rng.sample(nodes, k)), nodes
-        log(INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", len(nodes),
-            max(min_available, k))
-        time.sleep(wait)
 
 
 def artifact_of(reply: Message, key: str = "artifact") -> SparseArtifact:
@@ -142,14 +115,14 @@ class XFedAlignStrategy(FedAvg):
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  seed: int | None = None):
-        self.n_classes = _count("n_classes", n_classes, 1)
-        self.n_groups = _count("n_groups", n_groups, 1)
-        fraction_train = _fraction("fraction_train", fraction_train)
-        fraction_evaluate = _fraction("fraction_evaluate", fraction_evaluate)
+        self.n_classes = check_count("n_classes", n_classes, 1)
+        self.n_groups = check_count("n_groups", n_groups, 1)
+        fraction_train = check_fraction("fraction_train", fraction_train)
+        fraction_evaluate = check_fraction("fraction_evaluate", fraction_evaluate)
         for name, value in (("min_train_nodes", min_train_nodes), ("min_evaluate_nodes", min_evaluate_nodes),
                             ("min_available_nodes", min_available_nodes)):
-            _count(name, value)
-        self.min_train_replies = _count("min_train_replies", min_train_replies, 1)
+            check_count(name, value)
+        self.min_train_replies = check_count("min_train_replies", min_train_replies, 1)
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         for name, value, high in (("trim", trim, 0.5), ("ema", ema, 1.0)):
@@ -207,7 +180,7 @@ class XFedAlignStrategy(FedAvg):
         """Sample nodes; send the global model, ``config`` (with ``beta``) and the prior."""
         if self.fraction_train == 0.0:
             return []
-        nodes, everyone = sample(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
+        nodes, everyone = sample_nodes(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
         log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
         self._sampled["train", server_round] = nodes
         return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
@@ -217,7 +190,7 @@ class XFedAlignStrategy(FedAvg):
         """Sample nodes; send them the global model, ``config`` and the prior."""
         if self.fraction_evaluate == 0.0:
             return []
-        nodes, everyone = sample(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
+        nodes, everyone = sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
                                  self.rng)
         log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
         self._sampled["evaluate", server_round] = nodes
