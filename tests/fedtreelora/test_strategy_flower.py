@@ -6,7 +6,7 @@ failure policy, bad arguments; with the library's ClientApp the strategy reprodu
 Flower's simulation engine and ``flwr run`` on a local SuperLink.
 
 Central functions: ``FedTreeLoRAStrategy.configure_train`` / ``aggregate_train`` / ``personal_arrays`` /
-``build``, ``strategy.sample``, ``strategy.reply_problem``."""
+``build``, ``common.federation.sample_nodes``, ``strategy.reply_problem``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ pytest.importorskip("flwr")
 from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 
-from icml26.fedtreelora.strategy import FedTreeLoRAStrategy, sample
+from icml26.common.federation import sample_nodes
+from icml26.fedtreelora.strategy import FedTreeLoRAStrategy
 
 from ..flower_grid import InlineGrid
 from . import test_strategy_user_app as user
@@ -182,7 +183,7 @@ def test_fraction_train_samples_that_many_nodes_seeded(task_identity):
                                         fraction_evaluate=0.25, min_evaluate_nodes=1), rounds=4)
     assert [sorted(again.train_sent(r)) for r in range(1, 5)] == picks
     # min_train_nodes wins over a small fraction, as in FedAvg
-    nodes, everyone = sample(RecordingGrid(user.client_app, 4, {}), 0.1, 3, 2, __import__("random").Random(0))
+    nodes, everyone = sample_nodes(RecordingGrid(user.client_app, 4, {}), 0.1, 3, 2, __import__("random").Random(0))
     assert len(nodes) == 3 and everyone == [100, 101, 102, 103]
 
 

@@ -3,7 +3,7 @@ with every node answering it computes ``run_in_process``'s parameters and prior 
 and config of ``start()`` reach the clients), ``fraction_train`` sampling, failed and silent nodes under the
 failure policy, malformed replies, bad arguments; slow: Flower's simulation engine and ``flwr run``.
 
-Central functions: ``XFedAlignStrategy.configure_train`` / ``aggregate_train`` / ``problem``, ``strategy.sample``,
+Central functions: ``XFedAlignStrategy.configure_train`` / ``aggregate_train`` / ``problem``, ``common.federation.sample_nodes``,
 ``strategy.client_app``."""
 
 from __future__ import annotations
