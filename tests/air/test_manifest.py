@@ -365,3 +365,42 @@ def test_embedded_manifests_declare_the_environments_tools_arguments_and_state()
         assert set(m.state) == set(env.view()), agent_type
     for suite, m in AGENTDOJO.items():
         assert all(s.args is not None for s in m.tools.values()) and m.state is None, suite
+
+
+def test_restored_verifies_the_undo_on_the_resource_the_tool_writes():
+    """Issue #49: ``email.delete`` named a resource ("emails") the email state does not have, so ``restored`` compared
+    missing with missing and called every deletion undone. Checked on the real embedded email world: deleted ->
+    not restored; after the manifest's own inverse (``email.restore``) -> restored, though the record comes back at
+    another position of the inbox (lists compare as multisets)."""
+    import copy
+
+    from icml26.air.worlds.embedded import EmailEnv, _email_state
+
+    m = EMBEDDED["email"]
+    env = EmailEnv(_email_state(0, "page"))
+    pre = copy.deepcopy(env.view())
+    args = {"id": "m0"}
+    env.execute(ToolCall("email.delete", args))
+    assert not m.restored("email.delete", args, pre, env.view())
+    inverse = m.inverse_call("email.delete", args, pre, env.view())
+    assert inverse.name == "email.restore" and inverse.args == {"ids": ["m0"]}
+    env.execute(inverse)
+    assert env.view()["inbox"][-1]["id"] == "m0" and pre["inbox"][0]["id"] == "m0"    # moved to the end
+    assert m.restored("email.delete", args, pre, env.view())
+    # a resource whose root is in neither state verifies nothing
+    ghost = Manifest({"x.del": ToolSpec(frozenset({"destroys"}), resources=("ghost",))})
+    assert not ghost.restored("x.del", {}, {"inbox": []}, {"inbox": []})
+    # a record created and removed again (absent before and after) is restored
+    cal = Manifest({"c.add": ToolSpec(frozenset({"persists"}), resources=("calendar.{eid}",))})
+    assert cal.restored("c.add", {"eid": "e9"}, {"calendar": {}}, {"calendar": {}})
+
+
+def test_every_embedded_resource_is_a_state_key_of_its_world():
+    """A manifest that declares its state refuses a resource outside it (the bug above, and shell's "fs" for
+    "files" and the password's "account", found by this check), so an undo can always be verified."""
+    for t, m in EMBEDDED.items():
+        for name, spec in m.tools.items():
+            for r in spec.resources:
+                assert r.split(".")[0].split("[")[0] in m.state, (t, name, r)
+    with pytest.raises(ValueError, match="not a state key"):
+        Manifest({"x.del": ToolSpec(frozenset({"destroys"}), resources=("ghost",))}, state=("inbox",))

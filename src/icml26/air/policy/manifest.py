@@ -128,6 +128,12 @@ class Manifest:
             raise TypeError(f"state must be a sequence of key names, got {state!r}")
         self.tools, self.known = dict(tools), tuple(known)
         self.state = tuple(state) if state is not None else None
+        if self.state is not None:
+            for name, spec in self.tools.items():
+                for r in spec.resources:
+                    if _root(r) not in self.state:
+                        raise ValueError(f"tools[{name!r}] writes resource {r!r}, whose root {_root(r)!r} is not a "
+                                         f"state key ({', '.join(self.state)}): its undo could never be verified")
 
     def __contains__(self, tool: object) -> bool:
         return tool in self.tools
@@ -190,11 +196,20 @@ class Manifest:
         return ToolCall(spec.inverse.tool, out, origin="air")
 
     def restored(self, tool: str, args: Mapping[str, Any], pre: Any, now: Any) -> bool:
-        """Whether the resources ``tool`` writes are as they were before the call (undo verified on the state)."""
+        """Whether the resources ``tool`` writes are as they were before the call (undo verified on the state).
+
+        A record absent before and after counts as restored (a created record removed again), but a resource
+        whose root key is in neither state verifies nothing and returns False; lists compare as multisets (an
+        undo may put a record back at another position)."""
         spec = self.tools.get(tool)
         if spec is None or not spec.resources:
             return False
-        return all(_live(_get(pre, r, args)) == _live(_get(now, r, args)) for r in spec.resources)
+        for r in spec.resources:
+            if not any(isinstance(s, Mapping) and _root(r) in s for s in (pre, now)):
+                return False
+            if _canon(_live(_get(pre, r, args))) != _canon(_live(_get(now, r, args))):
+                return False
+        return True
 
 
 class _None:
@@ -209,6 +224,22 @@ def _live(v: Any) -> Any:
     """A mapping of records without those marked canceled (a canceled record counts as undone)."""
     if isinstance(v, Mapping):
         return {k: r for k, r in v.items() if not (isinstance(r, Mapping) and r.get("status") == "canceled")}
+    return v
+
+
+def _root(path: str) -> str:
+    """The top-level state key of a resource path (``inbox``, ``calendar`` of ``calendar.events[id={x}]``)."""
+    head = path.split(".", 1)[0]
+    m = _SELECT.match(head)
+    return m.group(1) if m else head
+
+
+def _canon(v: Any) -> Any:
+    """Lists as multisets (sorted by their JSON text), recursively; everything else as is."""
+    if isinstance(v, Mapping):
+        return {k: _canon(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return sorted((_canon(x) for x in v), key=lambda x: json.dumps(x, sort_keys=True, default=str))
     return v
 
 
@@ -551,11 +582,11 @@ AGENTDOJO = {suite: _declare(m, _AGENTDOJO_ARGS[suite]) for suite, m in AGENTDOJ
 EMBEDDED: dict[str, Manifest] = {
     "shell": Manifest(
         {
-            "shell.run": _t("reads_untrusted persists destroys sends_out", "command", "command", "fs"),
+            "shell.run": _t("reads_untrusted persists destroys sends_out", "command", "command", "files"),
             "trash.restore": _t("persists"),
-            "fs.chmod": _t("changes_permissions", "", "", "fs"),
-            "fs.remove": _t("destroys", "", "", "fs"),
-            "fs.remove_line": _t("persists", "", "", "fs"),
+            "fs.chmod": _t("changes_permissions", "", "", "files"),
+            "fs.remove": _t("destroys", "", "", "files"),
+            "fs.remove_line": _t("persists", "", "", "files"),
             "cron.remove": _t("destroys", "", "", "cron"),
             "service.start": _t("persists", "", "", "services"),
         }
@@ -566,7 +597,7 @@ EMBEDDED: dict[str, Manifest] = {
             "email.read": _READ_U,
             "web.get": _READ_U,
             "email.send": _t("sends_out irreversible", "to", "subject body"),
-            "email.delete": _t("destroys", "", "", "emails", Inverse("email.restore", {"ids": "args:id"})),
+            "email.delete": _t("destroys", "", "", "inbox", Inverse("email.restore", {"ids": "args:id"})),
             "email.restore": _t("persists"),
             "email.add_forwarding": _t(
                 "sends_out changes_permissions",
@@ -600,7 +631,7 @@ EMBEDDED: dict[str, Manifest] = {
             ),
             "calendar.remove_attendee": _t("changes_permissions"),
             "contacts.update": _t("persists", "email", "", "contacts"),
-            "account.change_password": _t("changes_permissions", "", "", "account"),
+            "account.change_password": _t("changes_permissions", "", "", "password"),
         },
         known=("contacts.[*]",),
     ),
