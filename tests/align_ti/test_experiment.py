@@ -35,7 +35,8 @@ def test_arm_objectives():
         if arm != "gkd"
         for m in [make_loss(arm, SMOKE, 0, 4)]
     }
-    assert weights["sft"] == (1, 0, 0, 0) and weights["vanilla_kd"] == weights["vanilla_kd_cm"] == (
+    assert weights["sft"] == (1, 0, 0, 0) and weights["vanilla_kd"] == weights["vanilla_kd_cm"] == weights[
+        "vanilla_kd_flops"] == (
         1,
         1,
         0,
@@ -93,8 +94,8 @@ def test_learning_rates_are_chosen_on_validation_and_cached(tmp_path, monkeypatc
     cfg = dataclasses.replace(SMOKE, lr_grid=(1e-3, 3e-3))
     choice = experiment.tune_learning_rates(cfg, None)
     assert {a: c["lr"] for a, c in choice.items()} == {a: 3e-3 if a == "align_ti" else 1e-3 for a in ARMS}
-    assert choice["vanilla_kd_cm"] == choice["vanilla_kd"]  # the same method, more steps
-    assert {a for a, _ in calls} == set(ARMS) - {"vanilla_kd_cm"}
+    assert choice["vanilla_kd_cm"] == choice["vanilla_kd"] == choice["vanilla_kd_flops"]  # same method, more steps
+    assert {a for a, _ in calls} == set(ARMS) - {"vanilla_kd_cm", "vanilla_kd_flops"}
 
 
 def test_every_mode_trains_the_arms_its_claims_compare():
@@ -139,3 +140,21 @@ def test_iva_layer_is_the_argmax_of_irs_on_a_three_layer_teacher():
     np.testing.assert_allclose(irs, direct.numpy(), rtol=1e-6)
     assert len(irs) == 3 and len(set(np.round(irs, 6))) == 3
     assert layer == int(np.argmax(irs)) and irs[layer] > max(v for i, v in enumerate(irs) if i != layer)
+
+
+def test_compute_matched_arms_train_the_pre_registered_and_the_flop_steps(monkeypatch):
+    """``vanilla_kd_cm`` trains the card's pre-registered 1.43x the steps; ``vanilla_kd_flops`` the measured FLOP
+    ratio (issue #54: the first had silently become the second)."""
+    seen = {}
+
+    def fake_train(student, sampler, *, steps, **kw):
+        seen["steps"] = steps
+
+    monkeypatch.setattr(experiment, "train_vlm", fake_train)
+    monkeypatch.setattr(experiment, "compute_ratio", lambda cfg, parts: 2.5)
+    monkeypatch.setattr(experiment, "loss_fn_for", lambda *a, **k: None)
+    cfg = dataclasses.replace(SMOKE, steps=100)
+    parts = (None, object(), None, 0)
+    for arm, steps in (("vanilla_kd", 100), ("vanilla_kd_cm", 143), ("vanilla_kd_flops", 250)):
+        experiment.train_arm(arm, cfg, 1e-3, 0, parts, record=set())
+        assert seen["steps"] == steps, arm
