@@ -4,7 +4,9 @@ One batch of 32 sampled rollouts (8 prompts x 4) of 7-term addition chains from 
 reproduction's quick preset); each arm runs the reproduction's update pass (``experiment.update_pass``: two PPO
 epochs, forward, backward and AdamW step, in token-balanced micro-batches, the code ``PSGRPOTrainer`` runs) on a
 fresh copy of the model, interleaved, ``--rounds`` times with fresh stratified cutoff draws; medians. Two
-micro-batching schemes: 4 token-balanced micro-batches, and one pass sliced to the batch's longest kept prefix.
+micro-batching schemes: 4 token-balanced micro-batches (``PSGRPOConfig.ps_micro_batches``'s default, marked so in
+the rows), and one pass sliced to the batch's longest kept prefix. Laws: stratified uniform, the full + uniform
+mixture and the prompt-conditioned law (``AdaptiveCutoff``, fed the batch's rollouts and rewards).
 Memory is the activation memory of the update (``ActivationMeter``: bytes autograd saves for backward, each
 storage once, parameters excluded), the largest micro-batch's and the sum over micro-batches and epochs. One torch
 thread. Writes ``results/ps_ppo/bench.json`` (``icml26.common.bench``; every ratio is a PS-PPO arm over GRPO in the
@@ -25,7 +27,14 @@ import torch
 
 from icml26.common.bench import bench_row, write_bench
 from icml26.common.tiny_lm import AdditionChain, completion_batch, generate
-from icml26.ps_ppo.experiment import PRESETS, lab_model, make_law, update_pass
+from icml26.ps_ppo.experiment import PRESETS, lab_model, make_law, observe_groups, update_pass
+
+
+def trainer_default_micro_batches() -> int:
+    """``PSGRPOConfig.ps_micro_batches``'s default (read off the dataclass: no TRL config is built)."""
+    from icml26.ps_ppo.trainer import PSGRPOConfig
+
+    return next(f.default for f in dataclasses.fields(PSGRPOConfig) if f.name == "ps_micro_batches")
 
 
 def main() -> None:
@@ -47,12 +56,16 @@ def main() -> None:
         ((batch["completion_mask"].cumsum(1) == 0).sum(1)).sum() / batch["attention_mask"].sum()
     )
     advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(0))
+    rewards = torch.tensor([task.reward(p, c) for p, c in zip(prompts, completions, strict=True)])
     grpo = "GRPO (full trajectories)"
     laws = {
         grpo: make_law("grpo"),
         "PS-PPO uniform, stratified": make_law("ps_ppo"),
         "PS-PPO 0.25 full + 0.75 uniform, stratified": make_law("ps_ppo_mixed"),
+        "PS-PPO prompt-conditioned, stratified": make_law("ps_ppo_adaptive"),
     }
+    # the prompt-conditioned law reads each prompt's decision point off its group's rollouts, as in training
+    observe_groups(laws["PS-PPO prompt-conditioned, stratified"], keys, batch, rewards)
     conditions = (
         f"one batch of {len(prompts)} rollouts (8 prompts x 4) of {cfg.terms}-term addition chains from the "
         f"lab's SFT start, completion length {float(lengths.float().mean()):.1f} tokens on average, prompts "
@@ -75,7 +88,12 @@ def main() -> None:
         "total MiB | vs GRPO |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for scheme, micro in (("4 token-balanced", cfg.micro_batches), ("one pass", 1)):
+    default = trainer_default_micro_batches()
+    schemes = [(f"{cfg.micro_batches} token-balanced", cfg.micro_batches), ("one pass", 1)]
+    schemes = [
+        (f"{name} (PSGRPOConfig default)" if micro == default else name, micro) for name, micro in schemes
+    ]
+    for scheme, micro in schemes:
         run_cfg = dataclasses.replace(cfg, micro_batches=micro)
         results: dict[str, dict[str, list[float]]] = {
             name: {k: [] for k, _, _ in quantities} for name in laws

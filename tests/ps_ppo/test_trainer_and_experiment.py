@@ -22,6 +22,8 @@ def test_trainer_config_errors(tmp_path):
         PSGRPOTrainer("unused", reward_funcs=lambda **kw: [0.0], args=None)
     cfg = PSGRPOConfig(output_dir=str(tmp_path), beta=0.1, use_cpu=True, report_to="none")
     assert cfg.loss_type == "dr_grpo"
+    # micro-batching is on by default, with the reproduction's (and the benchmark's default row's) count
+    assert cfg.ps_micro_batches == PRESETS["quick"].micro_batches == PRESETS["full"].micro_batches == 4
     with pytest.raises(ValueError, match=r"beta=0\.0"):
         PSGRPOTrainer("unused", reward_funcs=lambda **kw: [0.0], args=cfg)
     with pytest.raises(ValueError, match="cutoff must be"):
@@ -32,6 +34,8 @@ def test_trainer_config_errors(tmp_path):
 def test_smoke_run_through_the_cli(tmp_path):
     data = reproduce_in_subprocess("ps_ppo", tmp_path, mode="smoke")
     assert {c["id"] for c in data["claims"]} == {
+        "accuracy_at_half_tokens_prompt_conditioned",
+        "accuracy_equivalence_prompt_conditioned",
         "accuracy_at_half_tokens",
         "accuracy_equivalence",
         "accuracy_equivalence_mixed",
@@ -41,7 +45,13 @@ def test_smoke_run_through_the_cli(tmp_path):
         "rl_room",
         "unbiased",
     }
+    assert data["headline"]["id"] == "accuracy_at_half_tokens_prompt_conditioned"
     assert data["arms"]["grpo"]["kept_completion_fraction"]["mean"] == 1.0
+    # the chosen learning rates are in the result; smoke's one-rate grid is noted as not bracketed
+    assert data["arms"]["ps_ppo_adaptive"]["lr"]["values"] == [1e-4]
+    assert data["arms"]["ps_ppo_adaptive"]["lr_at_grid_edge"]["values"] == [1.0]
+    head = next(c for c in data["claims"] if c["id"] == "accuracy_at_half_tokens_prompt_conditioned")
+    assert any("not bracketed" in n for n in head["notes"])
     assert data["arms"]["grpo"]["update_tokens"]["unit"] == "updates"
     assert (tmp_path / "ps_ppo" / "smoke_accuracy_vs_tokens.png").is_file()
 
@@ -56,7 +66,7 @@ def tiny_run():
         lrs=(1e-4, 3e-4),
         unbiased_draws=(10, 20),
         unbiased_replications=3,
-        arms=("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted"),
+        arms=("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_adaptive", "ps_ppo_unweighted"),
     )
     return cfg, run(cfg)
 
@@ -71,8 +81,15 @@ def test_units_pair_across_arms_and_average_to_the_metrics(tiny_run):
     assert {a for a, m in prompts.items() if "accuracy_at_budget" in m} == {
         "ps_ppo",
         "ps_ppo_mixed",
+        "ps_ppo_adaptive",
         "ps_ppo_unweighted",
     }
+    # the chosen rate and its grid are in the metrics; a two-rate grid without extensions leaves it on an edge
+    for arm in cfg.arms:
+        m = out.metrics[arm]
+        assert m["lr"] == out.series["chosen_lr"][arm] and (m["lr_grid_low"], m["lr_grid_high"]) == cfg.lrs
+        assert m["lr_at_grid_edge"] == 1.0
+    assert "not bracketed" in out.notes["accuracy_at_half_tokens_prompt_conditioned"]
     assert {len(v) for m in prompts.values() for v in m.values()} == {cfg.eval_prompts}
     assert all(set(v) <= {0.0, 1.0} for m in prompts.values() for v in m.values())
     assert {len(v) for m in updates.values() for v in m.values()} == {cfg.iterations}
@@ -108,6 +125,8 @@ def test_bad_config():
         run(dataclasses.replace(PRESETS["smoke"], arms=("ps_ppo", "grpo")))
     with pytest.raises(ValueError, match="budget"):
         run(dataclasses.replace(PRESETS["smoke"], budget=1.5))
+    with pytest.raises(ValueError, match="lr_tuning_seed"):
+        run(dataclasses.replace(PRESETS["smoke"], seed=4, lr_tuning_seed=4))
 
 
 @pytest.mark.slow

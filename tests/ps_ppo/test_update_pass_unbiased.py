@@ -1,12 +1,15 @@
 """The reproduction's own training step, ``experiment.update_pass``, is unbiased: its gradient averaged over the
-cutoff law (exactly, over every cutoff of every row; and by Monte Carlo over stratified draws) equals the
-full-trajectory Dr.GRPO gradient, computed here from the model's logits without any of the package's code; the
-unweighted truncation (``weighted=False``, the plain-truncation control) does not."""
+cutoff law (exactly, over every cutoff of every row; and by Monte Carlo over draws of every law the reproduction
+runs: uniform, stratified uniform, the stratified full + uniform mixture and the stratified prompt-conditioned law
+of ``ps_ppo_adaptive``, fed the batch's rollouts by ``observe_groups`` as in training) equals the full-trajectory
+Dr.GRPO gradient, computed here from the model's logits without any of the package's code; the unweighted
+truncation (``weighted=False``, the plain-truncation control) does not."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,12 +17,13 @@ pytest.importorskip("transformers")
 
 from icml26.common.tiny_lm import char_tokenizer, completion_batch, tiny_causal_lm
 from icml26.ps_ppo import MixtureCutoff, UniformCutoff
-from icml26.ps_ppo.experiment import Config, update_pass
+from icml26.ps_ppo.experiment import Config, make_law, observe_groups, update_pass
 from icml26.ps_ppo.microbatch import FullCutoff, StratifiedCutoff
 
 PROMPTS = ["3+4+1=", "3+4+1=", "9+9+2=", "9+9+2="]
 COMPLETIONS = ["3+4=7;7+1=8", "3+4=8;8+1=9", "9+9=18;18+2=20", "20"]
 KEYS = ["a", "a", "b", "b"]
+REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0])  # each prompt's group has a correct and an incorrect rollout
 ADV = torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64)
 L_MAX = 16
 CFG = dataclasses.replace(Config(), ppo_epochs=1, micro_batches=2, max_new_tokens=L_MAX)
@@ -95,16 +99,27 @@ def test_update_pass_is_additive_over_rows(lab, table):
         assert _rel(direct, summed) < 1e-9
 
 
-@pytest.mark.parametrize(
-    "law",
-    [UniformCutoff(), MixtureCutoff([FullCutoff(), UniformCutoff()], [0.25, 0.75])],
-    ids=["uniform", "mixture"],
-)
-def test_exact_expectation_of_update_pass_is_the_full_gradient(lab, law):
+def _law(name, batch):
+    """The reproduction's law of an arm (``make_law``), the prompt-conditioned one fed this batch's rollouts."""
+    if name == "uniform":
+        return UniformCutoff()
+    if name == "mixture":
+        return MixtureCutoff([FullCutoff(), UniformCutoff()], [0.25, 0.75])
+    law = make_law({"stratified": "ps_ppo", "stratified_mixture": "ps_ppo_mixed",
+                    "prompt_conditioned": "ps_ppo_adaptive"}[name])
+    observe_groups(law, KEYS, batch, REWARDS)
+    return law
+
+
+@pytest.mark.parametrize("name", ["uniform", "mixture", "prompt_conditioned"])
+def test_exact_expectation_of_update_pass_is_the_full_gradient(lab, name):
     """E_c[grad] = sum_i sum_c q_i(c) G_i(c) with q_i(c) = S_i(c) - S_i(c + 1): equal to the full gradient with the
     1 / S weights (to float32 log-softmax rounding), far from it without them."""
     model, batch, lengths = lab
-    survival = law.survival(lengths, int(lengths.max())).double()
+    law = _law(name, batch)
+    if name == "prompt_conditioned":  # the decision points the rollouts imply: group b's differ at the 1st token
+        assert law.base.decision["a"][0] > law.base.decision["b"][0] == 1.0
+    survival = law.survival(lengths, int(lengths.max()), keys=KEYS).double()
     full = _full_gradient(model, batch)
 
     def expectation(weighted):
@@ -153,3 +168,53 @@ def test_monte_carlo_over_stratified_draws_converges_to_the_full_gradient(lab, t
     small, large = mean_error(True, 500), mean_error(True, 8000)
     assert large < 0.04 and large < small / 3  # 16x the draws: a factor 4 (or more, stratified) expected
     assert mean_error(False, 8000) > 0.2
+
+
+def _law_table(model, batch, lengths, survival, unweighted):
+    """G[weighted][i][c - 1] for the given survival (as ``table``; the unweighted entries do not depend on it)."""
+    out = {False: unweighted}
+    for weighted in (True,):
+        rows = []
+        for i, L in enumerate(lengths.tolist()):
+            adv = torch.zeros_like(ADV)
+            adv[i] = ADV[i]
+            per_cut = []
+            for c in range(1, L + 1):
+                cutoffs = lengths.clone()
+                cutoffs[i] = c
+                per_cut.append(_pass_gradient(model, batch, adv, cutoffs, survival, weighted))
+            rows.append(torch.stack(per_cut))
+        out[weighted] = rows
+    return out
+
+
+@pytest.mark.parametrize("name", ["uniform", "stratified_mixture", "prompt_conditioned"])
+def test_monte_carlo_through_update_pass_for_every_law(lab, table, name):
+    """For the plain uniform law, the reproduction's stratified mixture and its stratified prompt-conditioned law
+    (decision points read off the batch's rollouts, as in training): cutoffs drawn by the law, the weights
+    update_pass applies from the law's survival; the mean gradient over n draws approaches the full gradient
+    (log-log slope of the error over n = 100 ... 1,600 below -0.35, -0.5 expected), and the unweighted control stays biased."""
+    model, batch, lengths = lab
+    law = _law(name, batch)
+    survival = law.survival(lengths, int(lengths.max()), keys=KEYS)
+    tab = _law_table(model, batch, lengths, survival, table[0][False])
+    full = _full_gradient(model, batch)
+    g = torch.Generator().manual_seed(1)
+    draws = torch.stack([law.sample(lengths, g, keys=KEYS) for _ in range(1600)])  # (n, B)
+    for cutoffs in draws[:2]:  # the table is update_pass on these draws
+        direct = _pass_gradient(model, batch, ADV, cutoffs, survival)
+        assert _rel(direct, sum(tab[True][i][c - 1] for i, c in enumerate(cutoffs.tolist()))) < 1e-9
+
+    def mean_error(weighted, n):
+        mean = sum(
+            (torch.bincount(draws[:n, i] - 1, minlength=L).double()[:, None] * tab[weighted][i]).sum(0) / n
+            for i, L in enumerate(lengths.tolist())
+        )
+        return _rel(mean, full)
+
+    ns = (100, 200, 400, 800, 1600)
+    errors = [mean_error(True, n) for n in ns]
+    slope = float(np.polyfit(np.log(ns), np.log(errors), 1)[0])
+    biased = [mean_error(False, n) for n in ns]
+    assert slope < -0.35 and errors[-1] < 0.1, (errors, slope)  # n^(-1/2): slope -0.5
+    assert min(biased) > 0.2  # the unweighted control levels off at its bias

@@ -11,12 +11,20 @@ steps on its batch (so the PPO clip acts), with ``micro_batches`` token-balanced
 - ``grpo``: Dr.GRPO, full trajectories (group-mean advantages, constant normaliser B * L_max);
 - ``ps_ppo``: uniform cutoffs, stratified within each prompt's group (``StratifiedCutoff``);
 - ``ps_ppo_mixed``: 0.25 full trajectory + 0.75 uniform, stratified (weights at most 4);
+- ``ps_ppo_adaptive``: the prompt-conditioned law (``AdaptiveCutoff``, stratified): before each update, every
+  prompt's decision point d_x is read off its own group of rollouts (where a correct and an incorrect rollout first
+  differ), and its cutoffs follow 0.5 Uniform{1..L} + 0.5 Geometric(1 / d_x) (the headline arm);
 - ``ps_ppo_unweighted``: stratified uniform cutoffs without the 1 / P(c >= t) weights (the biased ablation; full
   preset only).
 
 Each RL arm is trained at every learning rate of ``lrs`` and keeps the one with the best greedy accuracy on
-validation prompts (disjoint from the test prompts). Metrics, each on its natural unit so the claims pair arms
-unit by unit:
+validation prompts (disjoint from the test prompts); where the choice is the grid's smallest or largest value, the
+grid grows by one step of the 1-3-10 ladder past that edge (at most ``lr_extensions`` per side, ``choose_lr``), so
+the chosen rate has a tried value on each side. With ``lr_tuning_seed`` (quick and full) this search runs once, on
+that seed's own RL and validation prompts, and every evaluated seed trains each arm at the chosen rate; each arm's
+chosen rate, its grid's ends and whether it still sits on an edge (``lr``, ``lr_grid_low``,
+``lr_grid_high``, ``lr_at_grid_edge``) go into the result, and an edge left after the extensions is noted on the
+arm's accuracy claims. Metrics, each on its natural unit so the claims pair arms unit by unit:
 
 - per test prompt (``prompts``): greedy correctness (0/1) after the last update (``accuracy``), and for the PS-PPO
   arms, of the policy after the last update whose cumulative update tokens stay within ``budget`` of GRPO's
@@ -37,7 +45,7 @@ Example:
     ...                           unbiased_draws=(20, 40), unbiased_replications=2)
     >>> out = run(cfg)
     >>> sorted(out.metrics)
-    ['grpo', 'ps_ppo', 'ps_ppo_mixed', 'sft']
+    ['grpo', 'ps_ppo', 'ps_ppo_adaptive', 'ps_ppo_mixed', 'sft']
     >>> sorted(out.units), len(out.units["replications"]["ps_ppo"]["grad_error_slope"])
     (['prompts', 'replications', 'updates'], 2)
 """
@@ -45,7 +53,9 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -65,13 +75,24 @@ from ..common.tiny_lm import (
     generate,
     sft_start,
 )
-from ..common.tuning import Rule, tune_per_arm
-from .estimator import MixtureCutoff, UniformCutoff, prefix_sampled_policy_loss
+from .estimator import AdaptiveCutoff, MixtureCutoff, UniformCutoff, prefix_sampled_policy_loss
 from .microbatch import FullCutoff, StratifiedCutoff, micro_batched_backward
 
-RL_ARMS = ("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted")
+RL_ARMS = ("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_adaptive", "ps_ppo_unweighted")
 ARMS = ("sft", *RL_ARMS)
-PS_ARMS = ("ps_ppo", "ps_ppo_mixed", "ps_ppo_unweighted")
+PS_ARMS = ("ps_ppo", "ps_ppo_mixed", "ps_ppo_adaptive", "ps_ppo_unweighted")
+#: the claims that rest on each arm's accuracy (an arm's learning rate left on a grid edge is noted on them)
+ACCURACY_CLAIMS = {
+    "grpo": ("accuracy_at_half_tokens_prompt_conditioned", "accuracy_at_half_tokens", "accuracy_equivalence",
+             "accuracy_equivalence_mixed", "accuracy_equivalence_prompt_conditioned", "rl_room"),
+    "ps_ppo": ("accuracy_at_half_tokens", "accuracy_equivalence"),
+    "ps_ppo_mixed": ("accuracy_equivalence_mixed",),
+    "ps_ppo_adaptive": ("accuracy_at_half_tokens_prompt_conditioned", "accuracy_equivalence_prompt_conditioned"),
+    "ps_ppo_unweighted": (),
+}
+#: the prompt-conditioned arm's law: weight of the uniform part, and the decision point of a prompt whose group
+#: has no correct-incorrect pair (its advantages are zero, so only its cost depends on it): AdaptiveCutoff's defaults
+ADAPTIVE_MIX, ADAPTIVE_DEFAULT_DECISION = 0.5, 8.0
 
 
 @dataclass
@@ -96,8 +117,14 @@ class Config:
     """prompts per iteration"""
     group: int = 4
     """rollouts per prompt"""
-    lrs: tuple[float, ...] = (1e-4, 3e-4)
-    """AdamW learning rates tried for every RL arm; each arm keeps the best on the validation prompts"""
+    lrs: tuple[float, ...] = (1e-5, 3e-5, 1e-4)
+    """AdamW learning rates tried first for every RL arm; each arm keeps the best on the validation prompts"""
+    lr_extensions: int = 2
+    """ladder steps (1-3-10) the grid may grow past an edge where an arm's choice sits, per side"""
+    lr_tuning_seed: int | None = None
+    """None: every seed chooses its arms' learning rates on its own validation prompts; a seed: the rates are chosen
+    once, on that seed's RL and validation prompts (``tuned_on_tuning_seed``), and every evaluated seed trains at
+    them (must differ from the evaluated seeds)"""
     ppo_epochs: int = 2
     """optimiser steps per batch (the same for every arm; the clip acts from the second)"""
     micro_batches: int = 4
@@ -126,15 +153,31 @@ PRESETS: dict[str, Config] = {
         eval_prompts=16,
         val_prompts=8,
         lrs=(1e-4,),
+        lr_extensions=0,
         curve_points=1,
         unbiased_draws=(50, 200),
         unbiased_replications=3,
-        arms=("grpo", "ps_ppo", "ps_ppo_mixed"),
+        arms=("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_adaptive"),
     ),
     # the unweighted ablation only in full, and 16 iterations (a first quick run with 24 took 156 CPU-s on a loaded
-    # machine, over the 2-minute budget), to keep quick under 2 minutes with a learning-rate grid per arm
-    "quick": Config(iterations=16, arms=("grpo", "ps_ppo", "ps_ppo_mixed")),
-    "full": Config(iterations=60, eval_prompts=400, val_prompts=100, lrs=(5e-5, 1e-4, 3e-4), curve_points=4),
+    # machine, over the 2-minute budget), to keep quick under 2 minutes with a learning-rate grid per arm. Since v3
+    # (issue 53) the grids grow until every arm's choice is bracketed, which both presets afford only by searching
+    # them once, on a tuning seed of their own (disjoint from the evaluated seeds), on 256 validation prompts
+    "quick": Config(
+        iterations=16,
+        val_prompts=256,
+        lrs=(1e-5, 3e-5, 1e-4),
+        arms=("grpo", "ps_ppo", "ps_ppo_mixed", "ps_ppo_adaptive"),
+        lr_tuning_seed=50,
+    ),
+    "full": Config(
+        iterations=60,
+        eval_prompts=400,
+        val_prompts=256,
+        lrs=(1e-5, 3e-5, 1e-4),
+        curve_points=4,
+        lr_tuning_seed=150,
+    ),
 }
 
 
@@ -189,6 +232,14 @@ class PromptSets:
     """per RL iteration"""
     sft: list[str]
     """the warm start's SFT prompts (lab seed)"""
+    tuning: list[str] = dataclasses.field(default_factory=list)
+    """the tuning seed's validation prompts (``Config.lr_tuning_seed``; empty without one)"""
+
+
+def validation_prompts(cfg: Config, task: AdditionChain, seed: int) -> list[str]:
+    """``cfg.val_prompts`` draws of seed ``seed``'s validation generator."""
+    rng = np.random.default_rng(80_000 + seed)
+    return [task.sample(rng).prompt for _ in range(cfg.val_prompts)]
 
 
 def prompt_sets(cfg: Config, task: AdditionChain) -> PromptSets:
@@ -197,16 +248,17 @@ def prompt_sets(cfg: Config, task: AdditionChain) -> PromptSets:
     disjoint from them by construction (at these sizes a skip is rare: the chains number 10^7)."""
     sft = [e.prompt for e in sft_examples(task, np.random.default_rng(cfg.lab_seed))]
     rl = rl_prompts(cfg, task)
-    val_rng = np.random.default_rng(80_000 + cfg.seed)
-    validation = [task.sample(val_rng).prompt for _ in range(cfg.val_prompts)]
-    excluded = {*sft, *(q for it in rl for q in it), *validation}
+    validation = validation_prompts(cfg, task, cfg.seed)
+    # the tuning seed's validation prompts chose the learning rates: never a test prompt either
+    tuning = [] if cfg.lr_tuning_seed is None else validation_prompts(cfg, task, cfg.lr_tuning_seed)
+    excluded = {*sft, *(q for it in rl for q in it), *validation, *tuning}
     eval_rng = np.random.default_rng(50_000 + cfg.seed)
     test: list[str] = []
     while len(test) < cfg.eval_prompts:
         prompt = task.sample(eval_rng).prompt
         if prompt not in excluded:
             test.append(prompt)
-    return PromptSets(test, validation, rl, sft)
+    return PromptSets(test, validation, rl, sft, tuning)
 
 
 def unbiasedness_batch(cfg: Config, task: AdditionChain) -> list[str]:
@@ -230,7 +282,7 @@ def unit_ids(cfg: Config, task: AdditionChain, sets: PromptSets
         "replications": [prompt_id(f"{batch}#{seed}") for seed in replication_seeds(cfg)],
     }
     held = {"prompts": {"train": sorted({prompt_id(q) for q in [*sets.sft, *(q for it in sets.rl for q in it)]}),
-                        "validation": [prompt_id(q) for q in sets.validation]}}
+                        "validation": [prompt_id(q) for q in [*sets.validation, *sets.tuning]]}}
     return ids, held
 
 
@@ -240,9 +292,112 @@ def make_law(arm: str) -> Any:
         return StratifiedCutoff(UniformCutoff())
     if arm == "ps_ppo_mixed":
         return StratifiedCutoff(MixtureCutoff([FullCutoff(), UniformCutoff()], [0.25, 0.75]))
+    if arm == "ps_ppo_adaptive":
+        return StratifiedCutoff(AdaptiveCutoff(mix=ADAPTIVE_MIX, default_decision=ADAPTIVE_DEFAULT_DECISION))
     if arm == "grpo":
         return None
     raise ValueError(f"unknown arm {arm!r}")
+
+
+def observe_groups(law: Any, keys: list[Hashable], batch: dict[str, torch.Tensor], rewards: torch.Tensor) -> None:
+    """Feed a prompt-conditioned law (``AdaptiveCutoff``, possibly inside ``StratifiedCutoff``) each group's
+    rollouts (completion token ids) and rewards before its cutoffs are drawn; other laws are left alone.
+
+    The law then depends on the batch's rollouts but not on the parameters' update, so conditional on the batch the
+    1 / S(t) weights still make the truncated gradient unbiased.
+    """
+    base = getattr(law, "base", law)
+    if not isinstance(base, AdaptiveCutoff):
+        return
+    if len(keys) != len(rewards):
+        raise ValueError(f"keys must hold one key per rollout ({len(rewards)}), got {len(keys)}")
+    ids, comp = batch["input_ids"], batch["completion_mask"]
+    rows: dict[Hashable, list[int]] = {}
+    for i, k in enumerate(keys):
+        rows.setdefault(k, []).append(i)
+    for key, group in rows.items():
+        base.update(key, [ids[i][comp[i] > 0].tolist() for i in group], [float(rewards[i]) for i in group])
+
+
+def _ladder_step(lr: float, up: bool) -> float:
+    """The next value of the 1-3-10 ladder above (``up``) or below ``lr``: 3e-4 -> 1e-3 or 1e-4; 5e-5 -> 1e-4 or
+    3e-5."""
+    k = math.floor(math.log10(lr) + 1e-9)
+    ladder = [float(f"{m}e{e}") for e in (k - 1, k, k + 1) for m in (1, 3)]
+    if up:
+        return min(v for v in ladder if v > lr * (1 + 1e-9))
+    return max(v for v in ladder if v < lr * (1 - 1e-9))
+
+
+@dataclass
+class LRChoice:
+    """One arm's learning rate, chosen on validation prompts."""
+
+    lr: float
+    grid: list[float]
+    """every rate tried, ascending (the base grid and its extensions)"""
+    scores: list[float]
+    """validation accuracy per rate of ``grid``"""
+    extensions: int
+    """rates added past an edge"""
+    artifact: Any
+    """what ``evaluate`` returned beside the chosen rate's score"""
+
+    @property
+    def at_edge(self) -> bool:
+        """The chosen rate is the smallest or largest tried (no tried value on one side)."""
+        return len(self.grid) < 2 or self.lr in (self.grid[0], self.grid[-1])
+
+    def record(self) -> dict[str, Any]:
+        """The choice as the result's series hold it."""
+        return {"grid": self.grid, "scores": self.scores, "chosen": self.lr, "extensions": self.extensions,
+                "at_edge": self.at_edge, "rule": "best validation accuracy; ties to the smaller rate"}
+
+
+def choose_lr(grid: tuple[float, ...], evaluate: Any, max_extensions: int) -> LRChoice:
+    """The rate of ``grid`` with the best ``evaluate(lr) -> (validation score, artifact)``; ties keep the smaller
+    rate. While the choice is the smallest or largest rate tried, the grid grows by one 1-3-10 ladder step past
+    that edge (at most ``max_extensions`` per side), so that a bracketed choice has a tried rate on each side.
+
+    Example:
+        >>> c = choose_lr((1e-4, 3e-4), lambda lr: (-abs(math.log10(lr / 2e-5)), None), 2)
+        >>> c.lr, c.grid, c.at_edge
+        (3e-05, [1e-05, 3e-05, 0.0001, 0.0003], False)
+    """
+    if not grid or any(not lr > 0 for lr in grid):
+        raise ValueError(f"grid must be a non-empty tuple of positive rates, got {grid!r}")
+    if max_extensions < 0:
+        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+    tried: dict[float, tuple[float, Any]] = {}
+    best: float | None = None
+
+    def better(lr: float) -> bool:
+        # ties keep the smaller rate
+        return best is None or tried[lr][0] > tried[best][0] or (tried[lr][0] == tried[best][0] and lr < best)
+
+    for lr in sorted(grid):
+        tried[lr] = evaluate(lr)
+        if better(lr):
+            best = lr
+        tried = {k: (v[0], v[1] if k == best else None) for k, v in tried.items()}  # keep one artifact
+    added = {"low": 0, "high": 0}
+    while True:
+        lrs = sorted(tried)
+        if best == lrs[0] and added["low"] < max_extensions:
+            side = "low"
+        elif best == lrs[-1] and added["high"] < max_extensions:
+            side = "high"
+        else:
+            break
+        lr = _ladder_step(lrs[0] if side == "low" else lrs[-1], up=side == "high")
+        added[side] += 1
+        tried[lr] = evaluate(lr)
+        if better(lr):
+            best = lr
+        tried = {k: (v[0], v[1] if k == best else None) for k, v in tried.items()}
+    assert best is not None
+    lrs = sorted(tried)
+    return LRChoice(best, lrs, [tried[lr][0] for lr in lrs], sum(added.values()), tried[best][1])
 
 
 def left_align(values: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -470,6 +625,7 @@ def _train(
         if law is None:
             cutoffs, survival = lengths, torch.ones(len(lengths), int(lengths.max()))
         else:
+            observe_groups(law, keys, batch, rewards)
             cutoffs = law.sample(lengths, cut_gen, keys=keys)
             survival = law.survival(lengths, int(lengths.max()), keys=keys)
         out = update_pass(
@@ -497,6 +653,49 @@ def _train(
     }
 
 
+def _evaluator(
+    arm: str, pi0: Any, tok: Any, task: AdditionChain, cfg: Config, sets: PromptSets, budget: float | None
+) -> Any:
+    """``evaluate(lr) -> (validation accuracy, trained run)``: ``arm`` trained at ``lr`` on the seed's RL prompts,
+    scored on its validation prompts."""
+
+    def evaluate(lr: float) -> tuple[float, dict[str, Any]]:
+        trained = _train(arm, lr, pi0, tok, task, cfg, budget, sets.rl)
+        return float(np.mean(_greedy_correct(trained["policy"], tok, task, sets.validation, cfg))), trained
+
+    return evaluate
+
+
+def tune_arms(cfg: Config) -> dict[str, LRChoice]:
+    """Every arm's learning rate chosen on ``cfg.seed``'s own RL and validation prompts (``choose_lr``; grpo
+    first: its chosen run sets the PS arms' token budget). The artifacts are dropped."""
+    pi0, tok = lab_model(cfg)
+    task = AdditionChain(cfg.terms, 9)
+    sets = prompt_sets(cfg, task)
+    out: dict[str, LRChoice] = {}
+    budget_tokens: float | None = None
+    for arm in progress(cfg.arms, desc=f"ps_ppo learning rates on seed {cfg.seed}"):
+        evaluate = _evaluator(arm, pi0, tok, task, cfg, sets, budget_tokens if arm in PS_ARMS else None)
+        choice = choose_lr(cfg.lrs, evaluate, cfg.lr_extensions)
+        if arm == "grpo":
+            budget_tokens = cfg.budget * choice.artifact["tokens"]
+        out[arm] = dataclasses.replace(choice, artifact=None)
+    return out
+
+
+_TUNED: dict[str, dict[str, LRChoice]] = {}
+
+
+def tuned_on_tuning_seed(cfg: Config) -> dict[str, LRChoice]:
+    """``tune_arms`` on the tuning seed ``cfg.lr_tuning_seed`` (its own RL and validation prompts, never the
+    evaluated seed's), cached per configuration so that the seeds of one run share one choice."""
+    tuning_cfg = dataclasses.replace(cfg, seed=cfg.lr_tuning_seed, lr_tuning_seed=None)
+    key = repr(tuning_cfg)
+    if key not in _TUNED:
+        _TUNED[key] = tune_arms(tuning_cfg)
+    return _TUNED[key]
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: every arm from the same SFT start on the same prompts; each arm's learning rate on validation."""
     if cfg.unbiased_replications < 1:
@@ -505,6 +704,8 @@ def run(cfg: Config) -> SeedRun:
         raise ValueError(f"lrs must be a non-empty tuple of positive learning rates, got {cfg.lrs!r}")
     if not 0.0 < cfg.budget <= 1.0:
         raise ValueError(f"budget must be in (0, 1], got {cfg.budget}")
+    if cfg.lr_tuning_seed is not None and cfg.lr_tuning_seed == cfg.seed:
+        raise ValueError(f"lr_tuning_seed must differ from the evaluated seed, got {cfg.lr_tuning_seed}")
     if not cfg.arms or cfg.arms[0] != "grpo" or set(cfg.arms) - set(RL_ARMS):
         raise ValueError(f"arms must start with 'grpo' and be among {RL_ARMS}, got {cfg.arms!r}")
     if cfg.ppo_epochs < 1 or cfg.micro_batches < 1 or cfg.curve_points < 1:
@@ -521,17 +722,35 @@ def run(cfg: Config) -> SeedRun:
     curves: dict[str, list[tuple[float, float, float]]] = {"sft": [(0.0, 0.0, sft_val)]}
     chosen_lr: dict[str, float] = {}
     tuning: dict[str, dict[str, Any]] = {}
+    notes: dict[str, list[str]] = {}
+    lr_metrics: dict[str, dict[str, float]] = {}
+    fixed = tuned_on_tuning_seed(cfg) if cfg.lr_tuning_seed is not None else None
     budget_tokens: float | None = None
-
-    def evaluate(arm: str, lr: float, draw: int) -> tuple[float, dict[str, Any]]:
-        trained = _train(arm, lr, pi0, tok, task, cfg, budget_tokens if arm in PS_ARMS else None, sets.rl)
-        return float(np.mean(_greedy_correct(trained["policy"], tok, task, val_prompts, cfg))), trained
-
     for arm in progress(cfg.arms, desc=f"ps_ppo seed {cfg.seed}"):
-        # one arm at a time: grpo's chosen run sets the PS arms' token budget; ties keep the smaller lr
-        tuned = tune_per_arm({arm: cfg.lrs}, evaluate, Rule(draws=1, maximize=True, ties="first"))
-        chosen_lr[arm], best, tuning[arm] = tuned.chosen[arm], tuned.kept[arm], tuned.record[arm]
-        best_val = tuning[arm]["scores"][cfg.lrs.index(chosen_lr[arm])]
+        # one arm at a time: grpo's chosen run sets the PS arms' token budget
+        evaluate = _evaluator(arm, pi0, tok, task, cfg, sets, budget_tokens if arm in PS_ARMS else None)
+        if fixed is None:
+            choice = choose_lr(cfg.lrs, evaluate, cfg.lr_extensions)
+            best, best_val = choice.artifact, choice.scores[choice.grid.index(choice.lr)]
+        else:
+            choice = fixed[arm]
+            best_val, best = evaluate(choice.lr)
+        chosen_lr[arm], tuning[arm] = choice.lr, choice.record()
+        lr_metrics[arm] = {
+            "lr": choice.lr,
+            "lr_grid_low": choice.grid[0],
+            "lr_grid_high": choice.grid[-1],
+            "lr_at_grid_edge": float(choice.at_edge),
+        }
+        if choice.at_edge:
+            side = "smallest" if choice.lr == choice.grid[0] else "largest"
+            tried = ", ".join(f"{v:g}" for v in choice.grid)
+            for claim in ACCURACY_CLAIMS[arm]:
+                notes.setdefault(claim, []).append(
+                    f"{arm}'s learning rate {choice.lr:g} is the {side} of the rates tried on validation ({tried}) "
+                    f"after {choice.extensions} grid extension(s) (at most {cfg.lr_extensions} per side): "
+                    "not bracketed"
+                )
         if arm == "grpo":
             budget_tokens = cfg.budget * best["tokens"]
         prompt_units[arm] = {"accuracy": _greedy_correct(best["policy"], tok, task, test_prompts, cfg)}
@@ -580,8 +799,9 @@ def run(cfg: Config) -> SeedRun:
     medians = {arm: float(np.median(m["peak_activation_mb"])) for arm, m in update_units.items()}
     ids, held_out = unit_ids(cfg, task, sets)
     return SeedRun(
-        {}, series={"curves": curves, "chosen_lr": chosen_lr, "tuning": tuning, "median_peak_mb": medians}, units=units,
-        unit_ids=ids, held_out=held_out,
+        lr_metrics, series={"curves": curves, "chosen_lr": chosen_lr, "tuning": tuning, "median_peak_mb": medians},
+        units=units, unit_ids=ids, held_out=held_out,
+        notes={claim: f"seed {cfg.seed}: " + "; ".join(texts) for claim, texts in notes.items()},
     )
 
 

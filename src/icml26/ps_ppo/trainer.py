@@ -2,7 +2,9 @@
 
 Generation, rewards and group advantages are TRL's. In the update, each completion gets one cutoff c_i from the
 configured law (stratified within each prompt's group of rollouts by default; a ``PromptConditionedCutoff`` or
-any law object may be passed as ``cutoff=``, and receives the decoded prompt text as each row's key); rows are
+any law object may be passed as ``cutoff=``, and receives the decoded prompt text as each row's key; an
+``AdaptiveCutoff``, the prompt-conditioned law of the reproduction's headline arm, is fed each prompt's rollouts and
+advantages before its cutoffs are drawn); rows are
 split into ``ps_micro_batches`` token-balanced micro-batches (``microbatch.plan_micro_batches``, the code the
 reproduction runs), each micro-batch runs forward and backward on the prompt plus its own longest kept prefix,
 tokens after their own cutoff are masked, and every kept token is weighted by 1 / P(c >= t) with the constant
@@ -37,7 +39,13 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from .estimator import GeometricCutoff, MixtureCutoff, UniformCutoff, prefix_sampled_policy_loss
+from .estimator import (
+    AdaptiveCutoff,
+    GeometricCutoff,
+    MixtureCutoff,
+    UniformCutoff,
+    prefix_sampled_policy_loss,
+)
 from .microbatch import FullCutoff, StratifiedCutoff, micro_batched_backward
 
 
@@ -66,8 +74,12 @@ class PSGRPOConfig(GRPOConfig):
     )
     cutoff_seed: int = field(default=0, metadata={"help": "seed of the cutoff draws"})
     ps_micro_batches: int = field(
-        default=1,
-        metadata={"help": "token-balanced micro-batches per update step (forward + backward one at a time)"},
+        default=4,
+        metadata={
+            "help": "token-balanced micro-batches per update step (forward + backward one at a time); the default 4 "
+            "is where the prefix saving shows: one pass pads every row to the batch's longest kept prefix, which "
+            "is nearly the full width (see the micro-batching rows of benchmarks/ps_ppo.py)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -127,6 +139,27 @@ class PSGRPOTrainer(GRPOTrainer):
         rows = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
         return self.processing_class.batch_decode(rows, skip_special_tokens=True)
 
+    def _observe(
+        self, keys: list[str], completion_ids: torch.Tensor, completion_mask: torch.Tensor, advantages: torch.Tensor
+    ) -> None:
+        """Feed a prompt-conditioned ``AdaptiveCutoff`` (possibly inside ``StratifiedCutoff``) each prompt's
+        rollouts before its cutoffs are drawn: rollouts with a positive group advantage count as correct, the others
+        as incorrect (for 0/1 rewards, exactly the correct ones of a mixed group), as the reproduction does with its
+        rewards. The law then depends on the batch, not on the update, so the weights keep the update unbiased."""
+        base = getattr(self.cutoff, "base", self.cutoff)
+        if not isinstance(base, AdaptiveCutoff):
+            return
+        score = advantages if advantages.ndim == 1 else advantages[:, 0]
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        for key, rows in groups.items():
+            base.update(
+                key,
+                [completion_ids[i][completion_mask[i] > 0].tolist() for i in rows],
+                [float(score[i]) for i in rows],
+            )
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -134,6 +167,8 @@ class PSGRPOTrainer(GRPOTrainer):
         has_tokens = lengths > 0
         safe_lengths = lengths.clamp(min=1).cpu()  # empty completions keep no token (their mask is all zero)
         keys = self._prompt_keys(prompt_ids, prompt_mask)
+        if self.model.training:
+            self._observe(keys, completion_ids, completion_mask, inputs["advantages"])
         cutoffs = self.cutoff.sample(safe_lengths, generator=self._cutoff_generator, keys=keys)
         survival_all = self.cutoff.survival(safe_lengths, int(safe_lengths.max()), keys=keys)
         cutoffs = cutoffs.to(completion_ids.device)
