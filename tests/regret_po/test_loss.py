@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from icml26.regret_po import RegretPOLoss, dpo_loss, ipo_loss, simpo_loss
 from icml26.regret_po.loss import tail_term
-from icml26.regret_po.reference import repo_pair_loss, repo_topk_pair_loss
+from icml26.regret_po.reference import pooled_nll, repo_pair_loss, repo_topk_pair_loss, sequence_nll
 
 
 def random_batch(B=3, T=6, seed=0, dtype=torch.float64):
@@ -24,10 +24,11 @@ def random_batch(B=3, T=6, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("normalization", ["mean", "sum"])
-def test_matches_the_literal_reference(deterministic, normalization):
+@pytest.mark.parametrize("pooling", ["token", "sequence"])
+def test_matches_the_literal_reference(deterministic, normalization, pooling):
     logps, ref, beh, mask = random_batch(seed=1)
-    kw = dict(alpha=0.3, cpl_lambda=0.7, ref_coef=0.5, sft_coef=0.25, normalization=normalization)
-    loss, _ = RegretPOLoss(deterministic=deterministic, **kw)(
+    kw = dict(alpha=0.3, cpl_lambda=0.7, ref_coef=0.5, sft_coef=0.0, normalization=normalization)
+    loss, _ = RegretPOLoss(deterministic=deterministic, **{**kw, "sft_coef": 0.25}, nll_pooling=pooling)(
         logps, ref, mask, None if deterministic else beh
     )
     B = logps.shape[0] // 2
@@ -48,7 +49,13 @@ def test_matches_the_literal_reference(deterministic, normalization):
                 **kw,
             )
         )
-    assert loss.item() == pytest.approx(np.mean(expected), rel=1e-12)
+    chosen = [mask_row(logps, mask, i) for i in range(B)]
+    nll = pooled_nll(chosen) if pooling == "token" else sequence_nll(chosen)
+    assert loss.item() == pytest.approx(np.mean(expected) + 0.25 * nll, rel=1e-12)
+
+
+def mask_row(t, mask, r):
+    return t[r][mask[r] > 0].tolist()
 
 
 def test_gradient_matches_finite_differences():
@@ -142,10 +149,11 @@ def topk_loss(logits, y, mask, ids, vals, ref, **kw):
     )[0]
 
 
-def test_topk_matches_the_literal_reference():
+@pytest.mark.parametrize("tail", [True, False])
+def test_topk_matches_the_literal_reference(tail):
     logits, y, mask, ids, vals, ref = topk_batch()
-    kw = dict(alpha=0.3, cpl_lambda=0.7, ref_coef=0.5, sft_coef=0.25)
-    got = topk_loss(logits, y, mask, ids, vals, ref, **kw)
+    kw = dict(alpha=0.3, cpl_lambda=0.7, ref_coef=0.5, sft_coef=0.0)
+    got = topk_loss(logits, y, mask, ids, vals, ref, **{**kw, "sft_coef": 0.25}, topk_tail=tail)
     logp = torch.log_softmax(logits, -1)
     policy, ptop = logp.gather(-1, y[..., None]).squeeze(-1), logp.gather(-1, ids)
     B = logits.shape[0] // 2
@@ -164,10 +172,32 @@ def test_topk_matches_the_literal_reference():
             row(vals, i),
             row(vals, B + i),
             **kw,
+            tail=tail,
         )
         for i in range(B)
     ]
-    assert got.item() == pytest.approx(np.mean(expected), rel=1e-12)
+    nll = pooled_nll([row(policy, i) for i in range(B)])
+    assert got.item() == pytest.approx(np.mean(expected) + 0.25 * nll, rel=1e-12)
+
+
+def test_topk_tail_term_by_hand():
+    """The official uniform tail: mu's top-2 mass 0.8 and pi's 0.5 leave 0.2 and 0.5 outside the top k; with V - k
+    = 3 other tokens each side spreads its rest uniformly, so the tail adds 3 * (0.2/3) ln((0.2/3) / (0.5/3))."""
+    from icml26.regret_po.loss import topk_kl
+
+    mu = torch.tensor([[[0.6, 0.2]]], dtype=torch.float64).log()
+    pi = torch.tensor([[[0.3, 0.2]]], dtype=torch.float64).log()
+    top = 0.6 * np.log(0.6 / 0.3) + 0.2 * np.log(0.2 / 0.2)
+    # the exact KL over a 5-token vocabulary whose other 3 tokens share the rest uniformly
+    full_mu = np.array([0.6, 0.2, 0.2 / 3, 0.2 / 3, 0.2 / 3])
+    full_pi = np.array([0.3, 0.2, 0.5 / 3, 0.5 / 3, 0.5 / 3])
+    exact = float(np.sum(full_mu * np.log(full_mu / full_pi)))
+    assert topk_kl(pi, mu).item() == pytest.approx(exact, abs=1e-8)  # eps = 1e-9 on each mass
+    assert topk_kl(pi, mu, tail=False).item() == pytest.approx(top, rel=1e-12)
+    assert exact - top == pytest.approx(0.2 * np.log(0.2 / 0.5), rel=1e-7)
+    # the full vocabulary as the "top k": nothing outside, the tail vanishes up to eps
+    full = torch.tensor(full_mu).log()[None, None], torch.tensor(full_pi).log()[None, None]
+    assert topk_kl(full[1], full[0]).item() == pytest.approx(exact, abs=1e-7)
 
 
 def test_topk_gradient_matches_finite_differences():
@@ -211,8 +241,11 @@ def test_topk_gradient_differs_from_repo_det_exactly_when_mu_differs():
     # mu = the point mass on the realised tokens (k = 1, log mu = 0): the top-k KL is -l_s, RePO_det's b_s - l_s
     point_ids, point_vals = y[..., None], torch.zeros(*y.shape, 1, dtype=logits.dtype)
     g_det = _grad(det, logits)
-    g_point = _grad(lambda x: topk_loss(x, y, mask, point_ids, point_vals, ref), logits)
+    g_point = _grad(lambda x: topk_loss(x, y, mask, point_ids, point_vals, ref, topk_tail=False), logits)
     torch.testing.assert_close(g_point, g_det, rtol=1e-12, atol=1e-14)
+    # with the official tail, mu's mass outside its top 1 is eps = 1e-9: the tail moves the gradient by O(eps)
+    g_tail = _grad(lambda x: topk_loss(x, y, mask, point_ids, point_vals, ref), logits)
+    torch.testing.assert_close(g_tail, g_det, rtol=0, atol=1e-10)
     # any other mu moves the gradient, token by token, and two different mu give two different gradients
     g_mu = _grad(lambda x: topk_loss(x, y, mask, ids, vals, ref), logits)
     other = torch.log_softmax(

@@ -256,3 +256,39 @@ def test_baselines_match_trls_own_dpo_trainer(tmp_path, kind, trl_type):
         expected = theirs._compute_loss(model, dict(inputs), return_outputs=False).item()
     assert got == pytest.approx(expected, rel=1e-5)
     assert got > 1e-3  # not a degenerate zero
+
+
+def test_rpo_matches_trls_sigmoid_plus_sft_on_a_mixed_length_batch(tmp_path):
+    """RPO as TRL defines it: ``loss_type=["sigmoid", "sft"]``, the NLL pooled over the batch's chosen tokens.
+    The chosen responses have 2 and 3 completion tokens (EOS included), so per-sequence pooling differs."""
+    from trl import DPOConfig, DPOTrainer
+
+    tok = char_tokenizer()
+    model, ref = tiny_causal_lm(len(tok), seed=0), tiny_causal_lm(len(tok), seed=1)
+    trl_args = DPOConfig(
+        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, report_to="none", use_cpu=True,
+        beta=0.3, loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.7], disable_tqdm=True,
+    )
+    theirs = DPOTrainer(model, ref_model=ref, args=trl_args, train_dataset=pairs(4), processing_class=tok)
+    got = {}
+    for pooling in ("token", "sequence"):
+        ours = RegretPOTrainer(
+            model,
+            ref_model=ref,
+            args=args(tmp_path / pooling, loss_kind="dpo", sft_coef=0.7, beta=0.3, nll_pooling=pooling),
+            train_dataset=pairs(4),
+            processing_class=tok,
+        )
+        inputs = ours.data_collator([ours.train_dataset[i] for i in range(4)])
+        assert sorted(inputs["completion_mask"][:4].sum(-1).tolist()) == [2, 2, 2, 3]
+        got[pooling] = ours._compute_loss(model, dict(inputs), return_outputs=False)
+    expected = theirs._compute_loss(model, dict(inputs), return_outputs=False)
+    assert got["token"].item() == pytest.approx(expected.item(), rel=1e-6)
+    # the per-sequence variant is a different loss on this batch (a labelled second row in the reproduction)
+    assert abs(got["sequence"].item() - expected.item()) > 1e-3
+    # and the gradient of the token-pooled loss is TRL's
+    g_ours = torch.autograd.grad(got["token"], list(model.parameters()), allow_unused=True)
+    g_trl = torch.autograd.grad(expected, list(model.parameters()), allow_unused=True)
+    for a, b in zip(g_ours, g_trl, strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -17,10 +17,21 @@ log-probs b_s only add a per-sequence constant, so RePO and RePO_det have the sa
 RePO-top-k (the official ``RePO_Loss_topk``, reconstructed) replaces the one-sample estimate b_s - l_s by the
 KL between the behaviour policy and pi_theta over mu's top-k tokens V_s at each position:
 
-    d_s   = sum_{v in V_s} mu_s(v) (log mu_s(v) - log pi_theta,s(v))     (exact KL when V_s is the vocabulary)
+    d_s   = sum_{v in V_s} mu_s(v) (log mu_s(v) - log pi_theta,s(v))              top-k part
+          + m^mu_s (log m^mu_s - log m^pi_s)                                   uniform tail (official)
+    m^mu_s = 1 - sum_{v in V_s} mu_s(v) + eps,   m^pi_s = 1 - sum_{v in V_s} pi_theta,s(v) + eps
     k_t   = 1 / (T - t + 1) * sum_{s = t..T} d_s
 
-so mu enters the gradient token by token. Rows of every (2B, T) tensor are ordered [chosen; rejected]; ``mask``
+The tail term is the official ``estimate_kl_divergence_batchwise`` (``openrlhf/models/utils.py``): the mass outside
+the top k, spread uniformly over the other V - k tokens by both policies (the V - k cancels when both share the
+vocabulary), eps = 1e-9, each top-k mass clamped to at most 1. With V_s the whole vocabulary it is the exact
+KL(mu || pi). mu enters the gradient token by token.
+
+The chosen-NLL term (``c_sft``) is pooled over tokens by default, as TRL's ``loss_type="sft"`` and the official
+trainer (OpenRLHF's ``GPTLMLoss``, a token-mean cross-entropy) do: NLL = -sum_{i, t} m_it l_it / sum_{i, t} m_it
+over the chosen rows of the batch; ``nll_pooling="sequence"`` averages each response's mean token NLL instead.
+
+Rows of every (2B, T) tensor are ordered [chosen; rejected]; ``mask``
 marks completion tokens (right padding allowed); top-k tensors are (2B, T, k).
 
 Example:
@@ -43,6 +54,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 NORMALIZATIONS = ("mean", "sum")
+#: how the chosen-NLL term is averaged: over every chosen token of the batch (TRL, official) or per response
+NLL_POOLINGS = ("token", "sequence")
 
 
 def _check(name: str, x: Tensor, shape: torch.Size | None = None) -> None:
@@ -61,15 +74,39 @@ def tail_term(policy_logps: Tensor, behavior_logps: Tensor, mask: Tensor) -> Ten
     return reverse_mean(behavior_logps - policy_logps, mask)
 
 
-def topk_kl(policy_topk_logps: Tensor, behavior_topk_logps: Tensor) -> Tensor:
-    """d_s = sum over mu's top-k tokens of mu(v) (log mu(v) - log pi(v)): the truncated KL(mu || pi) per position.
+TAIL_EPS = 1e-9  # the official estimate_kl_divergence_batchwise's eps
+
+
+def topk_kl(policy_topk_logps: Tensor, behavior_topk_logps: Tensor, tail: bool = True) -> Tensor:
+    """d_s: KL(mu || pi) per position from mu's top-k tokens plus the official uniform tail for the rest.
+
+    d_s = sum_{v in V_s} mu(v) (log mu(v) - log pi(v)) + m_mu (log m_mu - log m_pi), where m = 1 - (top-k mass)
+    + 1e-9 is each policy's mass outside V_s (spread uniformly over the other V - k tokens, which cancels).
 
     Args:
         policy_topk_logps: (2B, T, k) log pi_theta at the behaviour policy's top-k token ids.
         behavior_topk_logps: (2B, T, k) the behaviour policy's log-probs of those tokens.
+        tail: add the uniform-tail term (official); ``False`` keeps the top-k part only.
+
+    Returns:
+        (2B, T) the per-position estimate.
+
+    Example:
+        >>> import torch
+        >>> mu, pi = torch.log(torch.tensor([[[0.5, 0.3]]])), torch.log(torch.tensor([[[0.4, 0.4]]]))
+        >>> round(float(topk_kl(pi, mu)), 6)  # 0.5 ln(0.5/0.4) + 0.3 ln(0.3/0.4) + 0.2 ln(0.2/0.2)
+        0.025267
     """
+    mu = behavior_topk_logps.exp()
     # $$d_s = \sum_{v \in V_s} \mu_s(v)\,(\log\mu_s(v) - \log\pi_{\theta,s}(v))$$
-    return (behavior_topk_logps.exp() * (behavior_topk_logps - policy_topk_logps)).sum(-1)
+    top = (mu * (behavior_topk_logps - policy_topk_logps)).sum(-1)
+    if not tail:
+        return top
+    # $$m^{\mu}_s = 1 - \sum_{v \in V_s}\mu_s(v) + \epsilon,\quad m^{\pi}_s = 1 - \sum_{v \in V_s}\pi_s(v) + \epsilon$$
+    m_mu = (1.0 - mu.sum(-1).clamp(max=1.0)).clamp(min=0.0) + TAIL_EPS
+    m_pi = (1.0 - policy_topk_logps.exp().sum(-1).clamp(max=1.0)).clamp(min=0.0) + TAIL_EPS
+    # $$d_s \mathrel{+}= m^{\mu}_s\,(\log m^{\mu}_s - \log m^{\pi}_s)$$  (uniform tail over the other V - k tokens)
+    return top + m_mu * (torch.log(m_mu) - torch.log(m_pi))
 
 
 def reverse_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -115,8 +152,10 @@ class RegretPOLoss(nn.Module):
         sft_coef: c_sft, weight of the chosen response's NLL (official 1.0; the trainer's RPO-style term).
         normalization: ``"mean"`` (official) or ``"sum"`` over completion tokens.
         deterministic: RePO_det, b_t = 0 (needs no behaviour log-probs).
-        topk: RePO-top-k, the tail term from the truncated KL(mu || pi_theta) over mu's top-k tokens (needs
+        topk: RePO-top-k, the tail term from the KL(mu || pi_theta) over mu's top-k tokens (needs
             ``policy_topk_logps`` and ``behavior_topk_logps`` in ``forward``).
+        topk_tail: RePO-top-k adds the official uniform-tail term for the mass outside the top k (``topk_kl``).
+        nll_pooling: ``"token"`` (official ``GPTLMLoss``, TRL's ``sft``) or ``"sequence"`` (``chosen_nll``).
     """
 
     def __init__(
@@ -128,8 +167,12 @@ class RegretPOLoss(nn.Module):
         normalization: str = "mean",
         deterministic: bool = False,
         topk: bool = False,
+        topk_tail: bool = True,
+        nll_pooling: str = "token",
     ):
         super().__init__()
+        if nll_pooling not in NLL_POOLINGS:
+            raise ValueError(f"nll_pooling must be one of {NLL_POOLINGS}, got {nll_pooling!r}")
         if deterministic and topk:
             raise ValueError("deterministic and topk are exclusive variants; set at most one")
         for name, value in (
@@ -148,6 +191,7 @@ class RegretPOLoss(nn.Module):
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.alpha, self.cpl_lambda, self.ref_coef, self.sft_coef = alpha, cpl_lambda, ref_coef, sft_coef
         self.normalization, self.deterministic, self.topk = normalization, deterministic, topk
+        self.topk_tail, self.nll_pooling = topk_tail, nll_pooling
 
     def forward(
         self,
@@ -202,9 +246,9 @@ class RegretPOLoss(nn.Module):
                     f"policy_topk_logps {tuple(policy_topk_logps.shape)} and behavior_topk_logps "
                     f"{tuple(behavior_topk_logps.shape)} differ in shape"
                 )
-            kl = topk_kl(policy_topk_logps, behavior_topk_logps.to(policy_topk_logps.dtype)).to(
-                policy_logps.dtype
-            )
+            kl = topk_kl(
+                policy_topk_logps, behavior_topk_logps.to(policy_topk_logps.dtype), tail=self.topk_tail
+            ).to(policy_logps.dtype)
             behavior = None
         elif self.deterministic:
             # RePO_det: the generation log-prob is taken as log 1 = 0
@@ -224,9 +268,7 @@ class RegretPOLoss(nn.Module):
         chosen, rejected = reward.chunk(2)
         # $$\mathcal{L} = -\log\sigma(R(y_w) - \lambda R(y_l)) + c_{sft}\,\mathrm{NLL}(y_w)$$
         pref = -F.logsigmoid(chosen - self.cpl_lambda * rejected)
-        c_logps, _ = policy_logps.chunk(2)
-        c_mask, _ = mask.chunk(2)
-        nll = -(c_logps * c_mask).sum(-1) / c_mask.sum(-1)
+        nll = chosen_nll(policy_logps, mask, self.nll_pooling)
         loss = (pref + self.sft_coef * nll).mean()
         stats = {
             "rewards_chosen": float(chosen.mean().detach()),
@@ -240,29 +282,56 @@ class RegretPOLoss(nn.Module):
 
 # -------------------------------------------------------------------------------- the baselines' pair losses
 def dpo_loss(
-    policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    mask: Tensor,
+    beta: float = 0.1,
+    sft_coef: float = 0.0,
+    nll_pooling: str = "token",
 ) -> Tensor:
     """DPO (Rafailov et al. 2023): -log sigmoid(beta [(log pi - log ref)(y_w) - (log pi - log ref)(y_l)]);
-    ``sft_coef > 0`` adds the chosen NLL (RPO, Pang et al. 2024)."""
+    ``sft_coef > 0`` adds the chosen NLL: RPO (Pang et al. 2024), TRL's ``loss_type=["sigmoid", "sft"]`` with
+    ``loss_weights=[1, sft_coef]`` when ``nll_pooling="token"`` (``chosen_nll``)."""
     ratio = ((policy_logps - ref_logps) * mask).sum(-1)
     win, lose = ratio.chunk(2)
     loss = -F.logsigmoid(beta * (win - lose))
     if sft_coef:
-        c_logps, _ = policy_logps.chunk(2)
-        c_mask, _ = mask.chunk(2)
-        loss = loss + sft_coef * (-(c_logps * c_mask).sum(-1) / c_mask.sum(-1))
+        loss = loss + sft_coef * chosen_nll(policy_logps, mask, nll_pooling)
     return loss.mean()
 
 
-def chosen_nll(policy_logps: Tensor, mask: Tensor) -> Tensor:
-    """Per-pair mean token NLL of the chosen response (the RPO / RePO ``c_sft`` term), shape (B,)."""
+def chosen_nll(policy_logps: Tensor, mask: Tensor, pooling: str = "token") -> Tensor:
+    """The chosen responses' NLL (the RPO / RePO ``c_sft`` term), shape (B,); its mean is the batch's term.
+
+    ``pooling="token"`` (TRL's ``loss_type="sft"``, the official trainer's ``GPTLMLoss``): one mean over every
+    chosen token of the batch, repeated B times, so a long response weighs by its length;
+    ``"sequence"``: each response's own mean token NLL (every response weighs the same).
+
+    Example:
+        >>> import torch
+        >>> lp = torch.tensor([[-1.0, 0.0], [-2.0, -4.0], [0.0, 0.0], [0.0, 0.0]])
+        >>> m = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+        >>> chosen_nll(lp, m).tolist(), chosen_nll(lp, m, "sequence").tolist()
+        ([2.3333332538604736, 2.3333332538604736], [1.0, 3.0])
+    """
+    if pooling not in NLL_POOLINGS:
+        raise ValueError(f"pooling must be one of {NLL_POOLINGS}, got {pooling!r}")
     c_logps, _ = policy_logps.chunk(2)
     c_mask, _ = mask.chunk(2)
+    if pooling == "token":
+        # $$\mathrm{NLL} = -\sum_{i,t} m_{it}\,\ell_{it} / \sum_{i,t} m_{it}$$  (TRL "sft": pooled over tokens)
+        return (-(c_logps * c_mask).sum() / c_mask.sum()).expand(c_logps.shape[0])
+    # $$\mathrm{NLL}_i = -\sum_t m_{it}\,\ell_{it} / \sum_t m_{it}$$  (per sequence)
     return -(c_logps * c_mask).sum(-1) / c_mask.sum(-1)
 
 
 def ipo_loss(
-    policy_logps: Tensor, ref_logps: Tensor, mask: Tensor, beta: float = 0.1, sft_coef: float = 0.0
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    mask: Tensor,
+    beta: float = 0.1,
+    sft_coef: float = 0.0,
+    nll_pooling: str = "token",
 ) -> Tensor:
     """IPO (Azar et al. 2024) with TRL's length normalisation: (h_w - h_l - 1 / (2 beta))^2, h = mean log ratio;
     ``sft_coef > 0`` adds the chosen NLL."""
@@ -270,12 +339,17 @@ def ipo_loss(
     win, lose = h.chunk(2)
     loss = (win - lose - 1.0 / (2.0 * beta)) ** 2
     if sft_coef:
-        loss = loss + sft_coef * chosen_nll(policy_logps, mask)
+        loss = loss + sft_coef * chosen_nll(policy_logps, mask, nll_pooling)
     return loss.mean()
 
 
 def simpo_loss(
-    policy_logps: Tensor, mask: Tensor, beta: float = 2.0, gamma: float = 1.0, sft_coef: float = 0.0
+    policy_logps: Tensor,
+    mask: Tensor,
+    beta: float = 2.0,
+    gamma: float = 1.0,
+    sft_coef: float = 0.0,
+    nll_pooling: str = "token",
 ) -> Tensor:
     """SimPO (Meng et al. 2024): -log sigmoid(beta (mean log pi(y_w) - mean log pi(y_l)) - gamma), no reference;
     ``sft_coef > 0`` adds the chosen NLL."""
@@ -283,5 +357,5 @@ def simpo_loss(
     win, lose = s.chunk(2)
     loss = -F.logsigmoid(beta * (win - lose) - gamma)
     if sft_coef:
-        loss = loss + sft_coef * chosen_nll(policy_logps, mask)
+        loss = loss + sft_coef * chosen_nll(policy_logps, mask, nll_pooling)
     return loss.mean()

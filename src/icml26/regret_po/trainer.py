@@ -37,7 +37,7 @@ import torch
 from trl import DPOConfig, DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from .loss import RegretPOLoss, chosen_nll, dpo_loss, ipo_loss, simpo_loss
+from .loss import NLL_POOLINGS, RegretPOLoss, chosen_nll, dpo_loss, ipo_loss, simpo_loss
 
 
 @dataclass
@@ -55,6 +55,16 @@ class RegretPOConfig(DPOConfig):
     )
     deterministic: bool = field(default=False, metadata={"help": "RePO_det: no behaviour log-probs"})
     topk: bool = field(default=False, metadata={"help": "RePO-top-k: KL(mu || pi) over mu's top-k tokens"})
+    topk_tail: bool = field(
+        default=True, metadata={"help": "RePO-top-k: add the official uniform-tail term (mass outside the top k)"}
+    )
+    nll_pooling: str = field(
+        default="token",
+        metadata={
+            "help": "chosen-NLL term: 'token' (pooled over the batch's chosen tokens: TRL's 'sft', the official "
+            "GPTLMLoss) or 'sequence' (mean of each response's mean token NLL)"
+        },
+    )
     loss_kind: str = field(
         default="repo",
         metadata={
@@ -70,6 +80,8 @@ class RegretPOConfig(DPOConfig):
             raise ValueError(f"loss_kind must be one of {LOSS_KINDS}, got {self.loss_kind!r}")
         if self.deterministic and self.topk:
             raise ValueError("deterministic and topk are exclusive variants; set at most one")
+        if self.nll_pooling not in NLL_POOLINGS:
+            raise ValueError(f"nll_pooling must be one of {NLL_POOLINGS}, got {self.nll_pooling!r}")
 
 
 LOSS_KINDS = ("repo", "dpo", "ipo", "simpo", "nll")
@@ -160,6 +172,8 @@ class RegretPOTrainer(DPOTrainer):
             normalization=args.repo_normalization,
             deterministic=args.deterministic,
             topk=args.topk,
+            topk_tail=args.topk_tail,
+            nll_pooling=args.nll_pooling,
         )
         if data_collator is None:
             data_collator = BehaviorLogpsCollator(
@@ -248,7 +262,7 @@ class RegretPOTrainer(DPOTrainer):
         mask = shift_mask.to(policy_logps.dtype)
         if self.args.loss_kind in ("simpo", "nll"):  # reference-free: no reference forward
             if self.args.loss_kind == "nll":
-                loss = chosen_nll(policy_logps, mask).mean()
+                loss = chosen_nll(policy_logps, mask, self.args.nll_pooling).mean()
             else:
                 loss = simpo_loss(
                     policy_logps,
@@ -256,6 +270,7 @@ class RegretPOTrainer(DPOTrainer):
                     beta=self.args.beta,
                     gamma=self.args.simpo_gamma,
                     sft_coef=self.args.sft_coef,
+                    nll_pooling=self.args.nll_pooling,
                 )
             self._metrics[mode]["repo/nll"].append(float(chosen_nll(policy_logps.detach(), mask).mean()))
             return (loss, outputs) if return_outputs else loss
@@ -271,7 +286,14 @@ class RegretPOTrainer(DPOTrainer):
                 _, ref_logps = self._per_token_logps(self.ref_model, model_kwargs, labels, seq_len)
         if self.args.loss_kind in ("dpo", "ipo"):
             fn = dpo_loss if self.args.loss_kind == "dpo" else ipo_loss
-            loss = fn(policy_logps, ref_logps, mask, beta=self.args.beta, sft_coef=self.args.sft_coef)
+            loss = fn(
+                policy_logps,
+                ref_logps,
+                mask,
+                beta=self.args.beta,
+                sft_coef=self.args.sft_coef,
+                nll_pooling=self.args.nll_pooling,
+            )
             self._metrics[mode]["repo/nll"].append(float(chosen_nll(policy_logps.detach(), mask).mean()))
             return (loss, outputs) if return_outputs else loss
         behavior = None
