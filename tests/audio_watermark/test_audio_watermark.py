@@ -395,8 +395,8 @@ def test_key_null_is_valid_and_floored():
     assert min(pvals) >= 1 / 50 and np.mean(np.array(pvals) <= 0.1) <= 0.16
     with pytest.raises(ValueError, match="n_keys"):
         ClusteredKGW(cmap).score(np.arange(20), null="keys", n_keys=0)
-    with pytest.raises(ValueError, match="needs dedup='cluster'"):
-        ClusteredKGW(cmap).score(np.arange(20), dedup="token")
+    with pytest.raises(ValueError, match="null must be 'exact' or 'binomial'"):
+        ClusteredKGW(cmap).score_keys(np.arange(20), [1], null="keys")
     with pytest.raises(ValueError, match="null must be"):
         ClusteredKGW(cmap).score(np.arange(20), null="gauss")
 
@@ -601,10 +601,13 @@ def test_score_keys_equals_score_under_each_key():
     rng = np.random.default_rng(1)
     maps = [rng.integers(0, 9, 32), rng.integers(0, 7, 32)]
     t = rng.integers(0, 32, (2, 60))
-    for h in (0, 1):
-        many = ClusteredKGW(maps, context_width=h, key=5).score_keys(t, [5, 7, 11, 13], min_scored=1)
+    for h, dedup, null in ((0, "cluster", "exact"), (1, "cluster", "exact"), (0, "token", "exact"),
+                           (1, "token", "exact"), (0, "token", "binomial"), (1, "none", "exact")):  # fmt: skip
+        many = ClusteredKGW(maps, context_width=h, key=5).score_keys(
+            t, [5, 7, 11, 13], min_scored=1, dedup=dedup, null=null
+        )
         for k, got in zip([5, 7, 11, 13], many, strict=True):
-            want = ClusteredKGW(maps, context_width=h, key=k).score(t, min_scored=1)
+            want = ClusteredKGW(maps, context_width=h, key=k).score(t, min_scored=1, dedup=dedup, null=null)
             assert got["n_green"] == want["n_green"] and got["n_scored"] == want["n_scored"]
             assert got["p_value"] == pytest.approx(want["p_value"], rel=1e-9)
             assert got["z"] == pytest.approx(want["z"])
@@ -631,8 +634,16 @@ def test_experiment_runs_four_delayed_streams_with_an_empirical_null_over_keys()
         assert len(res.units["unwatermarked_clips"][arm]["fpr_at_001"]) == 3  # each clip's own key
         assert len(res.units["null_scores"][arm]["fpr_at_001_keys"]) == 12  # clips x keys
     assert res.metrics["base"]["n_clusters"] == cfg.codebook_size
-    # per level at least V/4 clusters
-    assert res.metrics["hpt"]["n_clusters"] >= cfg.min_clusters_ratio * cfg.codebook_size
+    # the three tests side by side, each with its FPR over every null score
+    for name in ("fpr_at_0001_keys", "paper_fpr_at_001_keys", "paperbinom_fpr_at_001_keys", "paper_l0_fpr_at_001_keys"):
+        assert len(res.units["null_scores"]["hpt"][name]) == 12
+    for name in ("paper_neglog10_p", "paperbinom_neglog10_p", "paper_l0_neglog10_p"):
+        assert len(res.units["clips"]["hpt"][name]) == 2
+    # a resolution per level from the grid (no global floor), and the per-level match rates
+    for level in range(cfg.levels):
+        assert res.metrics["hpt"][f"resolution_l{level}"] in cfg.resolutions
+        assert res.metrics["base"][f"n_clusters_l{level}"] == cfg.codebook_size
+        assert 0 <= res.metrics["base"][f"match_rate_l{level}"] <= res.metrics["hpt"][f"match_rate_l{level}"]
     with pytest.raises(ValueError, match="null_keys"):
         run(dataclasses.replace(cfg, null_keys=0))
 
@@ -737,3 +748,169 @@ def test_z_and_binomial_p_by_hand_with_an_excess_of_green_units():
     assert s["z"] == pytest.approx(5 / math.sqrt(3.75), rel=1e-12)
     assert s["z"] == pytest.approx(kgw_z(20, 10, 0.25), rel=1e-12)
     assert s["p_value"] == pytest.approx(binomial_tail(20, 10, 0.25), rel=1e-9)
+
+
+# --- issue 52: the paper's counting with an exact null, per-level resolutions, the EnCodec adapter ---------------
+
+
+def test_weighted_subset_null_by_hand_by_enumeration_and_hypergeometric():
+    import itertools
+
+    from scipy.stats import hypergeom
+
+    from icml26.audio_watermark.watermark import weighted_subset_null_pmf
+
+    # C = 4, G = 2, weights (2, 1): the 6 subsets give 3, 2, 2, 1, 1, 0
+    assert weighted_subset_null_pmf(4, 2, [2, 1]) == pytest.approx(np.array([1, 2, 2, 1]) / 6, abs=1e-15)
+    # G = 1 of C = 3, one cluster of weight 4: green with probability 1/3
+    assert weighted_subset_null_pmf(3, 1, [4]) == pytest.approx([2 / 3, 0, 0, 0, 1 / 3], abs=1e-15)
+    # unit weights: hypergeometric
+    assert weighted_subset_null_pmf(10, 3, [1] * 5) == pytest.approx(hypergeom.pmf(np.arange(6), 10, 3, 5), abs=1e-14)
+    # every G-subset enumerated (float64 oracle), for several G including G > k and G = C
+    w = [3, 1, 2, 2, 5]
+    for C, G in ((7, 1), (7, 3), (7, 6), (7, 7), (5, 2)):
+        want = np.zeros(sum(w) + 1)
+        for S in itertools.combinations(range(C), G):
+            want[sum(w[c] for c in S if c < len(w))] += 1
+        np.testing.assert_allclose(weighted_subset_null_pmf(C, G, w), want / want.sum(), atol=1e-14)
+    with pytest.raises(ValueError, match="G in"):
+        weighted_subset_null_pmf(4, 5, [1])
+    with pytest.raises(ValueError, match="weights"):
+        weighted_subset_null_pmf(4, 2, [0, 1])
+
+
+@pytest.mark.parametrize("h", [0, 1])
+def test_paper_counting_exact_null_matches_a_monte_carlo_over_keys(h):
+    # one fixed clip of unequal clusters and Zipf tokens, the paper's counting (each token value once per stream,
+    # green status from its cluster): the exact p equals the share of 2,000 random keys with as many green units
+    cmap, probs, rng = _unequal_world(seed=6)
+    tokens = np.stack([rng.choice(60, 120, p=probs), rng.choice(60, 120, p=probs)])
+    wm = ClusteredKGW([cmap, cmap], context_width=h, key=5)
+    exact = wm.score(tokens, min_scored=1, dedup="token")
+    keys = list(range(1000, 3000))
+    null = np.array([s["n_green"] for s in wm.score_keys(tokens, keys, min_scored=1, dedup="token")])
+    for g in (exact["n_green"], np.quantile(null, 0.9), np.quantile(null, 0.99)):
+        sf = wm.score_keys(tokens, [5], min_scored=1, dedup="token")[0] if g == exact["n_green"] else None
+        mc = np.mean(null >= g)
+        pmf = wm._weighted_pmf(wm._weights(wm._units(wm._check_tokens(tokens), "token")))
+        assert pmf[int(g):].sum() == pytest.approx(mc, abs=4 * np.sqrt(mc * (1 - mc) / len(keys)) + 0.003)
+        if sf is not None:
+            assert sf["p_value"] == pytest.approx(exact["p_value"], rel=1e-12)
+    # the null's mean is gamma_eff times the scored units (E[sum_c w_c 1{c green}] = G / C sum_c w_c)
+    assert float(np.arange(len(pmf)) @ pmf) == pytest.approx(exact["gamma_eff"] * exact["n_scored"], rel=1e-12)
+
+
+def test_paper_counting_exact_null_is_calibrated_where_the_binomial_is_not():
+    # H0 (tokens independent of the key), Zipf tokens and unequal clusters: the paper's binomial over token values
+    # flags far more than 1 % at p < 0.01; the exact weighted null keeps the nominal rate
+    cmap, probs, rng = _unequal_world(seed=8)
+    exact, binomial = [], []
+    for k in range(300):
+        t = rng.choice(60, 200, p=probs)
+        wm = ClusteredKGW(cmap, key=100 + k)
+        exact.append(wm.score(t, min_scored=1, dedup="token")["p_value"])
+        binomial.append(wm.score(t, min_scored=1, dedup="token", null="binomial")["p_value"])
+    assert np.mean(np.array(exact) < 0.01) <= 0.02 and np.mean(np.array(exact) < 0.1) <= 0.13
+    assert np.mean(np.array(binomial) < 0.01) >= 0.04
+
+
+def test_predicted_strength_and_resolution_choice_by_hand():
+    from icml26.audio_watermark.clustering import predicted_strength, select_resolution
+
+    # 8 tokens in 2 blocks of 4 that the codec confuses within the block; validation clips see all 8 tokens
+    M = np.zeros((8, 8))
+    M[:4, :4] = M[4:, 4:] = 6
+    np.fill_diagonal(M, 0)
+    M[3, 4] = M[4, 3] = 1  # one weak link between the blocks
+    orig = np.arange(8)
+    rt = np.array([1, 0, 3, 2, 5, 4, 7, 6])  # every token moves within its block
+    pairs = [(orig, rt)]
+    blocks = np.repeat([0, 1], 4)
+    # blocks: r_cl = 1, w = (4, 4): 8 / sqrt(32); tokens: r = 0
+    assert predicted_strength(blocks, pairs) == pytest.approx(8 / np.sqrt(32))
+    assert predicted_strength(np.arange(8), pairs) == 0.0
+    assert predicted_strength(blocks, pairs, h=1) == pytest.approx(8 / np.sqrt(32))
+    chosen, table = select_resolution(M, pairs, [0.01, 1.0, 50.0])
+    assert table[0.01][0] == 1 and table[50.0][0] == 8  # one cluster, then singletons
+    assert table[1.0][0] == 2 and chosen == 1.0
+    # one cluster: every cluster green, no signal (r_cl = 1 would otherwise score 8 / sqrt(64) = 1)
+    assert table[0.01][1] == 0.0 and table[1.0][1] == pytest.approx(np.sqrt(2))
+    assert predicted_strength(np.zeros(8, dtype=int), pairs) == 0.0
+    with pytest.raises(ValueError, match="grid"):
+        select_resolution(M, pairs, [])
+
+
+def test_resolutions_are_chosen_without_the_heldout_utterances(monkeypatch):
+    # the chosen resolutions and the maps must not change when the held-out utterances (odd indices) change
+    from icml26.audio_watermark import experiment as ex
+
+    cfg = dataclasses.replace(_tiny_cfg(null_keys=1), resolutions=(0.5, 4.0, 32.0))
+    utt, codec, _, _ = ex.models(dataclasses.replace(cfg, cache=False))
+    maps, _, chosen = ex.cluster_maps(cfg, utt, codec)
+    noisy = [u if i % 2 == 0 else np.random.default_rng(i).normal(0, 0.3, len(u)).astype(np.float32)
+             for i, u in enumerate(utt)]  # fmt: skip
+    maps2, _, chosen2 = ex.cluster_maps(cfg, noisy, codec)
+    assert chosen == chosen2 and all(np.array_equal(a, b) for a, b in zip(maps["hpt"], maps2["hpt"], strict=True))
+    assert all(r in cfg.resolutions for r in chosen["resolution_hpt"] + chosen["resolution_louvain"])
+    # the validation round trips are those of the odd training utterances (utt[2::4]), level by level
+    seen = []
+    monkeypatch.setattr(ex, "select_resolution", lambda M, val, grid, **kw: (seen.append(val), (grid[0], {}))[1])
+    ex.cluster_maps(cfg, utt, codec)
+    want = [ex._levels(codec.encode(u), cfg.levels) for u in utt[2::4]]
+    assert len(seen) == 2 * cfg.levels
+    for j, val in enumerate(seen):
+        level = j // 2
+        assert len(val) == len(want)
+        assert all(np.array_equal(a, w[level]) for (a, _), w in zip(val, want, strict=True))
+
+
+def _tiny_encodec(seed=0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.EncodecConfig(
+        target_bandwidths=[1.0, 2.0], sampling_rate=16000, num_filters=4, hidden_size=16, codebook_size=32,
+        codebook_dim=16, upsampling_ratios=[8, 5, 4, 2], num_residual_layers=1, num_lstm_layers=1,
+    )  # fmt: skip
+    return transformers.EncodecModel(cfg)
+
+
+def test_encodec_adapter_satisfies_the_codec_protocol_and_reloads(tmp_path, monkeypatch):
+    from icml26.audio_watermark.codec import Codec, EncodecCodec
+    from icml26.common.optional import MissingExtraError
+
+    model = _tiny_encodec()
+    codec = EncodecCodec(model)
+    assert isinstance(codec, Codec) and isinstance(FrameCodec(codebook_size=8, dim=4), Codec)
+    wave = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)
+    q = codec.encode(wave)
+    assert q.shape == (4, 50) and q.dtype == np.int64 and 0 <= q.min() and q.max() < 32
+    # the adapter returns what the model itself returns, level-major
+    with torch.no_grad():
+        want = model.encode(torch.from_numpy(wave)[None, None], bandwidth=1.0).audio_codes[0, 0].numpy()
+    np.testing.assert_array_equal(q, want)
+    assert codec.decode(q).shape == (16000,) and codec.codebook().shape == (4 * 32, 16)
+    assert EncodecCodec(model, bandwidth=2.0).levels == 8
+    model.save_pretrained(tmp_path / "tiny")
+    again = EncodecCodec.from_pretrained(str(tmp_path / "tiny"), local_files_only=True)
+    np.testing.assert_array_equal(again.encode(wave), q)
+    np.testing.assert_allclose(again.decode(q), codec.decode(q), atol=1e-6)
+    with pytest.raises(ValueError, match="bandwidth"):
+        EncodecCodec(model, bandwidth=3.0)
+    monkeypatch.setattr("icml26.common.optional.has", lambda m: m != "transformers")
+    with pytest.raises(MissingExtraError, match="hf"):
+        EncodecCodec.from_pretrained(str(tmp_path / "tiny"))
+
+
+def test_experiment_runs_through_a_saved_encodec_model(tmp_path):
+    from icml26.audio_watermark import experiment as ex
+
+    _tiny_encodec().save_pretrained(tmp_path / "tiny")
+    cfg = dataclasses.replace(_tiny_cfg(null_keys=1), codec=f"encodec:{tmp_path / 'tiny'}", codebook_size=32,
+                              n_generations=1, n_unwatermarked=2, lm_steps=2, codec_steps=2, n_utterances=4,
+                              n_music=0, resolutions=(1.0, 8.0))  # fmt: skip
+    res = run(cfg)
+    assert res.metrics["base"]["n_clusters"] == 32 and len(res.units["null_scores"]["hpt"]["paper_fpr_at_001_keys"]) == 2
+    with pytest.raises(ValueError, match="levels and codebook_size"):
+        ex.models(dataclasses.replace(cfg, codebook_size=64))
+    with pytest.raises(ValueError, match="encodec:<folder>"):
+        ex.load_codec("mimi:x")

@@ -6,7 +6,8 @@ estimator) zeroes counts below ``min_count``, builds a directed weighted graph a
 RB-configuration, ``resolution``) or Louvain (networkx); ``min_clusters`` raises the resolution (doubling) until
 at least that many clusters exist, so the key space C^h does not collapse. Baselines with the same number of
 clusters: k-means on the codebook vectors (``kmeans_clusters``) and a random partition with the same cluster-size
-histogram (``random_partition``). A fitted map is saved with the codec's fingerprint and refuses another codec.
+histogram (``random_partition``). ``select_resolution`` picks one resolution per RVQ level on held-out round trips
+by the paper's E[z] of its own counting (``predicted_strength``). A fitted map is saved with the codec's fingerprint and refuses another codec.
 
 Example:
     >>> import numpy as np
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +146,97 @@ def cluster_match_rate(labels: np.ndarray, orig: np.ndarray, roundtrip: np.ndarr
     identity map this is the token match rate r."""
     n = min(len(orig), len(roundtrip))
     return float((labels[np.asarray(orig)[:n]] == labels[np.asarray(roundtrip)[:n]]).mean())
+
+
+def predicted_strength(
+    labels: np.ndarray, pairs: Sequence[tuple[np.ndarray, np.ndarray]], h: int = 0, gamma: float = 0.25
+) -> float:
+    """The paper's E[z] of its own counting on round-trip data, up to the factor (g - gamma) / sqrt(gamma (1 - gamma)).
+
+    E[z | H1] = sqrt(N) (g - gamma) / sqrt(gamma (1 - gamma)) r^(h+1) (the paper's analysis) counts N independent
+    units; with each token value scored once and green status taken from the token's cluster, the w_c distinct
+    tokens of cluster c share one green draw, so the null's variance is gamma (1 - gamma) sum_c w_c^2 and sqrt(N)
+    becomes the effective count N / sqrt(sum_c w_c^2). Per level, on held-out round trips (orig, roundtrip):
+
+        strength = r_cl^(h+1) * mean over clips of  N / sqrt(sum_c w_c^2),   w_c = distinct re-encoded tokens in c
+
+    Coarse clusters raise r_cl and lower the effective count; the identity map gives r^(h+1) sqrt(N). A map whose
+    green list would hold every cluster (``max(1, round(gamma C)) >= C``, e.g. one cluster) carries no watermark
+    (g = gamma = 1) and scores 0. The factor (g - gamma) is taken as the same for every C (it depends on the LM).
+
+    Args:
+        labels: ``(V,)`` token -> cluster map of one level.
+        pairs: ``(orig, roundtrip)`` token arrays of that level, one pair per held-out clip.
+        h: context width (the survival exponent h + 1; the units are grouped as at h = 0).
+        gamma: nominal green share (``ClusteredKGW``'s ``n_green = max(1, round(gamma C))``).
+
+    Returns:
+        The predicted strength (higher is better).
+
+    Example:
+        >>> import numpy as np
+        >>> pairs = [(np.array([0, 1, 2, 3]), np.array([1, 0, 2, 3]))]
+        >>> predicted_strength(np.arange(4), pairs)  # r = 1/2, 4 independent units: 0.5 * sqrt(4)
+        1.0
+        >>> round(predicted_strength(np.array([0, 0, 1, 1]), pairs), 4)  # r_cl = 1, two draws of 2: 4 / sqrt(8)
+        1.4142
+    """
+    labels = np.asarray(labels)
+    if not pairs:
+        raise ValueError("pairs must hold at least one (orig, roundtrip) clip")
+    C = int(labels.max()) + 1
+    if max(1, round(gamma * C)) >= C:  # every cluster green: no watermark signal
+        return 0.0
+    r = float(np.mean([cluster_match_rate(labels, a, b) for a, b in pairs]))
+    eff = []
+    for _, b in pairs:
+        w = np.bincount(labels[np.unique(np.asarray(b))])
+        # sqrt(N) -> N / sqrt(sum_c w_c^2): the distinct tokens of one cluster share one green draw
+        eff.append(w.sum() / np.sqrt((w.astype(float) ** 2).sum()))
+    # strength = r_cl^(h+1) * N_eff^(1/2)
+    return r ** (h + 1) * float(np.mean(eff))
+
+
+def select_resolution(
+    M_fit: np.ndarray,
+    val_pairs: Sequence[tuple[np.ndarray, np.ndarray]],
+    grid: Sequence[float],
+    *,
+    method: str = "leiden",
+    h: int = 0,
+    min_count: int = 1,
+    gamma: float = 0.25,
+) -> tuple[float, dict[float, tuple[int, float]]]:
+    """The resolution of ``grid`` whose clusters of ``M_fit`` (round trips of fitting clips) maximise
+    ``predicted_strength`` on other, held-out round trips (the paper's remedy: a resolution per RVQ level, chosen on
+    round-trip data, here by the paper's own E[z]); ties go to the first (coarsest) resolution.
+
+    Args:
+        M_fit: mismatch counts of the fitting clips.
+        val_pairs: ``(orig, roundtrip)`` of validation clips disjoint from the fitting clips and from every test unit.
+        grid: resolutions to try (increasing).
+        method: ``"leiden"`` or ``"louvain"``.
+        h: context width of the test.
+        min_count: the graph's count threshold.
+        gamma: nominal green share.
+
+    Returns:
+        ``(chosen resolution, {resolution: (clusters, strength)})``.
+
+    Example:
+        >>> import numpy as np
+        >>> M = np.zeros((4, 4)); M[0, 1] = M[1, 0] = M[2, 3] = M[3, 2] = 5
+        >>> select_resolution(M, [(np.array([0, 2]), np.array([1, 3]))], [0.5, 1.0])[0]
+        0.5
+    """
+    if not len(grid) or any(g <= 0 for g in grid):
+        raise ValueError(f"grid must hold positive resolutions, got {list(grid)}")
+    table = {}
+    for res in grid:
+        labels = ConfusionGraphClusterer(method=method, min_count=min_count, resolution=float(res)).fit(M_fit).labels_
+        table[float(res)] = (int(labels.max()) + 1, predicted_strength(labels, val_pairs, h, gamma))
+    best = max(table.values(), key=lambda v: v[1])[1]
+    return next(r for r, v in table.items() if v[1] == best), table
 
 
 def kmeans_clusters(codebook: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -33,16 +33,22 @@ from ..common.progress import progress
 FRAME, HOP = 640, 320
 
 
+@runtime_checkable
 class Codec(Protocol):
-    """``encode(wave) -> tokens (T,)`` (or ``(levels, T)`` for RVQ); ``decode(tokens) -> wave``; ``codebook_size``;
-    ``fingerprint``."""
+    """What the watermark's pipeline needs of a codec (``FrameCodec`` and ``EncodecCodec`` satisfy it):
+    ``encode(wave) -> tokens (T,)`` (or ``(levels, T)`` for RVQ) from 16 kHz mono audio; ``decode(tokens) -> wave``;
+    ``codebook_size`` (V per level); ``levels``; ``fingerprint`` (ties cluster maps and caches to the codec);
+    ``codebook() -> (levels * V, d)`` (the k-means baseline)."""
 
     codebook_size: int
+    levels: int
     fingerprint: str
 
     def encode(self, wave: np.ndarray) -> np.ndarray: ...
 
     def decode(self, tokens: np.ndarray) -> np.ndarray: ...
+
+    def codebook(self) -> np.ndarray: ...
 
 
 def check_wave(
@@ -305,3 +311,78 @@ def _train_step(
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
+
+
+class EncodecCodec:
+    """A ``transformers`` ``EncodecModel`` behind the ``Codec`` protocol (the paper's setting: an off-the-shelf RVQ
+    codec, not trained for round trips).
+
+    ``encode`` resamples 16 kHz mono audio to the model's rate and returns its ``(levels, T)`` RVQ codes at
+    ``bandwidth`` (levels = the quantizers that bandwidth uses); ``decode`` inverts it back to 16 kHz; ``codebook``
+    stacks the levels' codebooks ``(levels * V, d)`` as ``FrameCodec.codebook`` does. Pretrained weights load with
+    ``EncodecCodec.from_pretrained(path_or_name)`` where the user has them (nothing is downloaded in tests).
+
+    Args:
+        model: an ``EncodecModel`` with one audio channel.
+        bandwidth: target bandwidth in kbit/s (default: the model's smallest).
+        name: a tag for the fingerprint (default: the model's ``name_or_path``).
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from transformers import EncodecConfig, EncodecModel
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = EncodecConfig(target_bandwidths=[1.0], sampling_rate=16000, num_filters=4, hidden_size=16,
+        ...                     codebook_size=32, codebook_dim=16, upsampling_ratios=[8, 5, 4, 2],
+        ...                     num_residual_layers=1, num_lstm_layers=1)
+        >>> codec = EncodecCodec(EncodecModel(cfg))
+        >>> q = codec.encode(np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32))
+        >>> q.shape, codec.decode(q).shape, codec.codebook().shape
+        ((4, 50), (16000,), (128, 16))
+
+    Reference: Défossez et al., "High Fidelity Neural Audio Compression" (EnCodec), TMLR 2023.
+    """
+
+    def __init__(self, model: nn.Module, *, bandwidth: float | None = None, name: str | None = None):
+        if getattr(model.config, "audio_channels", 1) != 1:
+            raise ValueError(f"model must be mono (audio_channels = 1), got {model.config.audio_channels}")
+        self.model = model.eval()
+        self.bandwidth = float(bandwidth if bandwidth is not None else min(model.config.target_bandwidths))
+        if self.bandwidth not in [float(b) for b in model.config.target_bandwidths]:
+            raise ValueError(f"bandwidth must be one of {model.config.target_bandwidths}, got {bandwidth}")
+        self.levels = int(model.quantizer.get_num_quantizers_for_bandwidth(self.bandwidth))
+        self.codebook_size = int(model.config.codebook_size)
+        self.rate = int(model.config.sampling_rate)
+        tag = name or getattr(model.config, "name_or_path", "") or "random"
+        self.fingerprint = f"encodec-K{self.codebook_size}-L{self.levels}-bw{self.bandwidth:g}-{tag}"
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, bandwidth: float | None = None, **kwargs: object) -> EncodecCodec:
+        """Load an ``EncodecModel`` (a local folder, or a hub name where the user has network access)."""
+        requires("transformers", extra="hf", purpose="the EnCodec adapter")
+        from transformers import EncodecModel
+
+        return cls(EncodecModel.from_pretrained(path, **kwargs), bandwidth=bandwidth, name=str(path))
+
+    def _resample(self, x: np.ndarray, up: int, down: int) -> np.ndarray:
+        from math import gcd
+
+        from scipy.signal import resample_poly
+
+        g = gcd(up, down)
+        return x if up == down else resample_poly(x, up // g, down // g).astype(np.float32)
+
+    @torch.no_grad()
+    def encode(self, wave: np.ndarray) -> np.ndarray:
+        x = self._resample(check_wave(wave), self.rate, 16_000)
+        out = self.model.encode(torch.from_numpy(np.ascontiguousarray(x))[None, None], bandwidth=self.bandwidth)
+        codes = out.audio_codes  # (chunks, B, levels, T); one chunk without chunking
+        return codes[:, 0].permute(1, 0, 2).reshape(self.levels, -1).numpy().astype(np.int64)
+
+    @torch.no_grad()
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        q = torch.as_tensor(np.asarray(tokens), dtype=torch.long).reshape(self.levels, -1)
+        y = self.model.decode(q[None, None], [None]).audio_values[0, 0].numpy()
+        return self._resample(y.astype(np.float32), 16_000, self.rate)
+
+    def codebook(self) -> np.ndarray:
+        return torch.cat([layer.codebook.embed for layer in self.model.quantizer.layers[: self.levels]]).numpy()

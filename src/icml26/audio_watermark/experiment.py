@@ -4,20 +4,24 @@ Pipeline (models cached in ``$ICML26_CACHE``): espeak-ng speech and procedural m
 are held out); a residual-VQ frame codec with ``levels`` = 4 codebooks; a second codec (another seed) as the
 "neural codec" re-encoding attack; a token LM over the 4 streams in the MusicGen / Moshi delay pattern
 (``lm.flatten_delayed``, sampled through ``lm.sample_streams``). Each level's round-trip confusion matrix on the
-training clips gives that level's clusters (at least V/4). Per seed, for each arm, ``n_generations`` watermarked
+training clips gives that level's clusters (Leiden at a resolution chosen per level on validation round trips of
+training clips, ``cluster_maps``; issue 52 dropped the V/4 floor). Per seed, for each arm, ``n_generations`` watermarked
 clips (every level watermarked with its own stream key, delta, gamma, context width h) and, shared by the arms,
 ``n_unwatermarked`` unwatermarked ones are sampled, decoded to audio, attacked, re-encoded and tested from audio
 only, green and scored counts summed over the 4 levels (the paper's multi-stream test).
 
 **Arms** (same codec, LM and seeds): ``base`` (token-level KGW, the identity map); ``hpt`` (Leiden on the
-confusion graph, at least V/4 clusters); ``louvain``; ``kmeans`` (k-means on the codebook vectors, same cluster
+confusion graph, a resolution per level); ``louvain``; ``kmeans`` (k-means on the codebook vectors, same cluster
 count); ``random`` (a random partition with the same cluster sizes), all with context width h (0, as the official
 Moshi command); ``base_h1`` and ``hpt_h1`` with h + 1 (the r^(h+1) factor says the cluster gain grows with h;
 ``gap`` holds hpt - base at both). **Keys**: one per generation (``generation_keys``; clip i of every arm shares its
 key and sampling seed), and each unwatermarked clip is tested with its own key and ``null_keys - 1`` more (the
 empirical null: at least 1000 scores per seed and arm in quick and full). **The test** is calibrated:
 (level, context, cluster) units and the exact hypergeometric null (``ClusteredKGW.score`` defaults, vectorised
-over keys by ``score_keys``). The LM is early-stopped on the held-out utterances (``none.heldout_nll``).
+over keys by ``score_keys``). Beside it (issue 52), on the same clips and null scores: the paper's counting (each
+token value once per stream, green status from its cluster) with the exact weighted null (``paper_*``), the paper's
+own binomial test (``paperbinom_*``) and the paper's counting on level 0 alone (``paper_l0_*``), each with
+``*_fpr_at_001_keys`` / ``*_fpr_at_0001_keys`` over the null scores. The LM is early-stopped on the held-out utterances (``none.heldout_nll``).
 
 **Metrics**: ``match_rate`` (held-out round trips: token match for ``base``, cluster match otherwise; the same for
 every seed), ``neglog10_p`` per attack (suffix ``_<attack>``; none for identity), ``median_neglog10_p`` (identity; the
@@ -75,8 +79,9 @@ from .clustering import (
     cluster_match_rate,
     kmeans_clusters,
     random_partition,
+    select_resolution,
 )
-from .codec import FrameCodec, train_codec
+from .codec import Codec, EncodecCodec, FrameCodec, train_codec
 from .lm import flatten_delayed, nll_streams, sample_streams, train_token_lm
 from .watermark import ClusteredKGW, keyed_seed
 
@@ -125,14 +130,24 @@ class Config:
     arms ``base_h{h+1}`` and ``hpt_h{h+1}`` use h + 1"""
     attacks: tuple[str, ...] = ("identity", "noise", "lowpass", "mp3", "crop", "codec", "speed")
     """audio edits before detection ("codec": decode -> encode with a second codec trained with another seed)"""
-    min_clusters_ratio: float = 0.25
-    """at least V x this many clusters per level (the key space must not collapse; about V/4, issue #28)"""
+    min_clusters_ratio: float | None = None
+    """the old global floor (at least V x this many clusters per level; 0.25 until issue 52): its reason, the h-gram
+    key space C^h, does not apply at h = 0 (one green list per stream whatever C is), so it is off; the resolution
+    of each level is chosen on held-out round trips instead (``resolutions``)"""
+    resolutions: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+    """the grid of Leiden / Louvain resolutions; per level the one whose clusters maximise the paper's E[z] of its
+    own counting (``clustering.predicted_strength``) on validation round trips is kept (issue 52)"""
     gate: float = 4.0
     """the detection claims are decided only where the hpt arm's mean -log10 p on the generated tokens (before any
     audio, the most a codec can preserve) reaches this (twice the claims' minimum effect of 2); else the gated
     metrics are NaN"""
     cache: bool = True
     """cache the corpus and the trained models"""
+    codec: str = "frame"
+    """the codec watermarked through: ``"frame"`` (the ``FrameCodec`` trained here, the default) or
+    ``"encodec:<folder>"`` (a saved ``transformers`` ``EncodecModel``, ``codec.EncodecCodec``; ``levels`` and
+    ``codebook_size`` must match its quantizers at its smallest bandwidth). The attack's second codec is always a
+    ``FrameCodec``"""
 
 
 PRESETS: dict[str, Config] = {
@@ -209,7 +224,15 @@ def _cached_model(cfg: Config, key: dict[str, Any], build: Any, kind: str) -> An
                         save=save, load=load)
 
 
-def models(cfg: Config) -> tuple[list[np.ndarray], FrameCodec, FrameCodec, Any]:
+def load_codec(spec: str) -> EncodecCodec:
+    """The codec named by ``Config.codec`` when it is not ``"frame"``: ``"encodec:<folder>"``."""
+    kind, _, path = spec.partition(":")
+    if kind != "encodec" or not path:
+        raise ValueError(f"codec must be 'frame' or 'encodec:<folder>', got {spec!r}")
+    return EncodecCodec.from_pretrained(path, local_files_only=True)
+
+
+def models(cfg: Config) -> tuple[list[np.ndarray], Codec, FrameCodec, Any]:
     """(utterances, RVQ codec, second codec, token LM over the delayed streams), trained once and cached."""
     cache = cache_dir() / "audio_watermark" if cfg.cache else None
     utt = speech_corpus(cfg.n_utterances, cache=cache) + (music_corpus(cfg.n_music) if cfg.n_music else [])
@@ -240,7 +263,17 @@ def models(cfg: Config) -> tuple[list[np.ndarray], FrameCodec, FrameCodec, Any]:
             "codec",
         )
 
-    codec, other = codec_for(0, cfg.codec_steps), codec_for(1, max(1, cfg.codec_steps // 2))
+    other = codec_for(1, max(1, cfg.codec_steps // 2))
+    if cfg.codec == "frame":
+        codec: Codec = codec_for(0, cfg.codec_steps)
+    else:
+        codec = load_codec(cfg.codec)
+        if (codec.levels, codec.codebook_size) != (cfg.levels, cfg.codebook_size):
+            raise ValueError(
+                f"codec {cfg.codec!r} has {codec.levels} levels of {codec.codebook_size} codes; set levels and "
+                f"codebook_size to match (got {cfg.levels}, {cfg.codebook_size})"
+            )
+        base["codec"] = codec.fingerprint  # the LM learns this codec's tokens
     held = utt[1::2]
     L, V = cfg.levels, cfg.codebook_size
 
@@ -278,36 +311,68 @@ def _levels(tokens: np.ndarray, levels: int) -> np.ndarray:
 
 
 def cluster_maps(
-    cfg: Config, utt: list[np.ndarray], codec: FrameCodec
-) -> tuple[dict[str, list[np.ndarray]], list[RoundTripConfusion]]:
-    """Every arm's token -> cluster maps, one per RVQ level, fitted on the training utterances' round trips."""
+    cfg: Config, utt: list[np.ndarray], codec: Codec
+) -> tuple[dict[str, list[np.ndarray]], list[RoundTripConfusion], dict[str, list[float]]]:
+    """Every arm's token -> cluster maps, one per RVQ level, fitted on the training utterances' round trips.
+
+    Per level and method (Leiden for ``hpt``, Louvain for ``louvain``) the resolution is chosen on the training
+    utterances alone (issue 52): clusters fitted on the round trips of half of them (``utt[0::4]``) are scored by
+    ``predicted_strength`` on the other half (``utt[2::4]``), and the chosen resolution is refitted on all of them.
+    The held-out utterances (``utt[1::2]``, ``match_rate``) and the generated clips are never consulted. With
+    ``min_clusters_ratio`` set, the old global floor is used instead.
+
+    Returns:
+        ``(maps, confusions, {"resolution_hpt" | "resolution_louvain": chosen per level})``.
+    """
     V, L = cfg.codebook_size, cfg.levels
     confs = [RoundTripConfusion(V) for _ in range(L)]
-    for u in utt[::2]:
+    fit_confs = [RoundTripConfusion(V) for _ in range(L)]
+    val_pairs: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(L)]
+    train = utt[::2]
+    val = train[1::2]  # the resolution's validation half (train[0::2] fits): training utterances only
+
+    def round_trip(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = _levels(codec.encode(u), L)
-        rt = _levels(codec.encode(codec.decode(q if L > 1 else q[0])), L)
+        return q, _levels(codec.encode(codec.decode(q if L > 1 else q[0])), L)
+
+    for i, u in enumerate(train):
+        q, rt = round_trip(u)
         for level in range(L):
             confs[level].update(q[level], rt[level])
-    min_c = max(2, int(np.ceil(cfg.min_clusters_ratio * V)))
+            if i % 2 == 0:
+                fit_confs[level].update(q[level], rt[level])
+    for u in val:
+        q, rt = round_trip(u)
+        for level in range(L):
+            val_pairs[level].append((q[level], rt[level]))
+    min_c = max(2, int(np.ceil(cfg.min_clusters_ratio * V))) if cfg.min_clusters_ratio else None
     maps: dict[str, list[np.ndarray]] = {arm: [] for arm in ARMS}
+    chosen: dict[str, list[float]] = {"resolution_hpt": [], "resolution_louvain": []}
     books = codec.codebook().reshape(L, V, -1)
     for level, conf in enumerate(confs):
-        hpt = ConfusionGraphClusterer(method="leiden", min_count=1, resolution=1.0, min_clusters=min_c).fit(
-            conf.M
-        )
-        louv = ConfusionGraphClusterer(method="louvain", min_count=1, resolution=1.0, min_clusters=min_c).fit(
-            conf.M
-        )
+        fitted = {}
+        for method, arm in (("leiden", "hpt"), ("louvain", "louvain")):
+            res = 1.0
+            if min_c is None and val_pairs[level]:
+                res, _ = select_resolution(
+                    fit_confs[level].M, val_pairs[level], cfg.resolutions, method=method, h=cfg.context_width,
+                    gamma=cfg.gamma,
+                )
+            chosen[f"resolution_{arm}"].append(res)
+            fitted[arm] = ConfusionGraphClusterer(
+                method=method, min_count=1, resolution=res, min_clusters=min_c
+            ).fit(conf.M)
+        hpt, louv = fitted["hpt"], fitted["louvain"]
         maps["base"].append(np.arange(V))
         maps["hpt"].append(hpt.labels_)
         maps["louvain"].append(louv.labels_)
         maps["kmeans"].append(kmeans_clusters(books[level], hpt.n_clusters_))
         maps["random"].append(random_partition(hpt.labels_, seed=5 + level))
-    return maps, confs
+    return maps, confs, chosen
 
 
 def _reencode(
-    codec: FrameCodec, other: FrameCodec, tokens: np.ndarray, attack: str, rng: np.random.Generator
+    codec: Codec, other: Codec, tokens: np.ndarray, attack: str, rng: np.random.Generator
 ) -> np.ndarray:
     wave = codec.decode(tokens)
     if attack == "codec":
@@ -352,7 +417,7 @@ def _auc(marked: list[float], unmarked: list[float]) -> float:
 def _arm_metrics(
     cfg: Config,
     lm: Any,
-    codec: FrameCodec,
+    codec: Codec,
     other: FrameCodec,
     cmaps: list[np.ndarray],
     h: int,
@@ -376,9 +441,23 @@ def _arm_metrics(
     wm = ClusteredKGW(cmaps, gamma=cfg.gamma, delta=cfg.delta, context_width=h, key=keys[0])
     det = ClusteredKGW(cmaps, gamma=cfg.gamma, context_width=h, key=keys[0])
 
+    det0 = ClusteredKGW(cmaps[0], gamma=cfg.gamma, context_width=h, key=keys[0])
+
     def test(tokens: np.ndarray, key: int) -> dict[str, Any]:
         # calibrated: (stream, context, cluster) units summed over levels, p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g]
         return det.score_keys(_levels(tokens, L), [key], min_scored=1)[0]
+
+    def side_tests(tokens: np.ndarray, keys_: list[int]) -> dict[str, list[dict[str, Any]]]:
+        """The other tests (issue 52), each under every key of ``keys_``: the paper's counting (each token value once
+        per stream, green status from its cluster) with the exact weighted null (``paper``) and with the paper's own
+        binomial tail (``paperbinom``); and the pre-registered variant, the paper's counting on level 0 alone
+        (``paper_l0``)."""
+        t = _levels(tokens, L)
+        return {
+            "paper": det.score_keys(t, keys_, min_scored=1, dedup="token", null="exact"),
+            "paperbinom": det.score_keys(t, keys_, min_scored=1, dedup="token", null="binomial"),
+            "paper_l0": det0.score_keys(t[0], keys_, min_scored=1, dedup="token", null="exact"),
+        }
 
     marked = sample_streams(
         lm, cfg.n_generations, cfg.length, levels=L, vocab=V, watermark=wm, keys=keys, seed=cfg.seed
@@ -392,6 +471,9 @@ def _arm_metrics(
             )
         ),
     }
+    for i, c in enumerate(cmaps):  # per level: r_cl (token match r for the identity map), and C
+        m[f"match_rate_l{i}"] = float(np.mean([cluster_match_rate(c, a[i], b[i]) for a, b in held]))
+        m[f"n_clusters_l{i}"] = float(det.Cs[i])
     clips: dict[str, list[float]] = {
         "nll": [float(v) for v in nll_streams(lm, marked, V)],
         "green_share_tokens": [s["n_green"] / max(1.0, s["n_scored"]) for s in on_tokens],
@@ -407,12 +489,25 @@ def _arm_metrics(
     null = [float(x.get("p_value", 1.0)) for s in null_scores for x in s]
     null_stat = np.array([float(x.get("neglog10_p", 0.0)) for s in null_scores for x in s])
     m["n_null_scores"] = float(len(null_stat))
+    side_null = [side_tests(t, [int(k) for k in null_keys[:, i]]) for i, t in enumerate(unmarked_reencoded)]
+    null_units: dict[str, list[float]] = {
+        "fpr_at_001_keys": [float(p < 0.01) for p in null],
+        "fpr_at_0001_keys": [float(p < 0.001) for p in null],
+    }
+    for test_name in ("paper", "paperbinom", "paper_l0"):
+        side_p = [float(x.get("p_value", 1.0)) for s in side_null for x in s[test_name]]
+        for alpha, suffix in ((1e-2, "001"), (1e-3, "0001")):  # p < 0.01 and the finest level 1000 scores resolve
+            null_units[f"{test_name}_fpr_at_{suffix}_keys"] = [float(p < alpha) for p in side_p]
     for attack in cfg.attacks:
-        scores = [test(_reencode(codec, other, t, attack, rng), k) for t, k in zip(marked, keys, strict=True)]
+        reencoded = [_reencode(codec, other, t, attack, rng) for t in marked]
+        scores = [test(r, k) for r, k in zip(reencoded, keys, strict=True)]
         logp = [float(s.get("neglog10_p", 0.0)) for s in scores]  # nothing scored: no evidence
         clips["neglog10_p" + ("" if attack == "identity" else f"_{attack}")] = logp
         if attack == "identity":
             m["median_neglog10_p"] = float(np.median(logp))  # the paper's statistic
+            side = [side_tests(r, [k]) for r, k in zip(reencoded, keys, strict=True)]
+            for test_name in ("paper", "paperbinom", "paper_l0"):
+                clips[f"{test_name}_neglog10_p"] = [float(s[test_name][0].get("neglog10_p", 0.0)) for s in side]
             pvals = [float(s.get("p_value", 1.0)) for s in scores]
             for alpha, name in (
                 (1e-2, "001"),
@@ -432,7 +527,7 @@ def _arm_metrics(
         "unwatermarked_clips": {"fpr_at_001": [float(p < 0.01) for p in own]},
         # every (clip, key) null score: given the clip, the exact null holds for each independent key, so these 0/1
         # outcomes are independent with rate <= alpha (the calibration claims' units)
-        "null_scores": {"fpr_at_001_keys": [float(p < 0.01) for p in null]},
+        "null_scores": null_units,
     }
     return m, units, {"marked": pvals, "unmarked": null}
 
@@ -495,7 +590,7 @@ def run(cfg: Config) -> SeedRun:
         )
     L, V = cfg.levels, cfg.codebook_size
     utt, codec, other, lm = models(cfg)
-    maps, confs = cluster_maps(cfg, utt, codec)
+    maps, confs, chosen = cluster_maps(cfg, utt, codec)
     held = []
     for u in utt[1::2]:
         q = codec.encode(u)
@@ -517,6 +612,9 @@ def run(cfg: Config) -> SeedRun:
         for unit, ms in arm_units.items():
             units.setdefault(unit, {})[name] = ms
     metrics["base"]["token_match_rate_train"] = float(np.mean([c.match_rate() for c in confs]))
+    for arm in ("hpt", "louvain"):
+        for level, res in enumerate(chosen[f"resolution_{arm}"]):
+            metrics[arm][f"resolution_l{level}"] = float(res)
     metrics["none"] = {"heldout_nll": float(getattr(lm, "heldout_nll_", float("nan")))}
     deeper = f"_h{cfg.context_width + 1}"
     clip = units["clips"]

@@ -12,11 +12,14 @@ gamma: with C = 19 and gamma = 0.25 it is 5/19). De-duplication (``dedup``): ``"
 context, cluster) once; ``"context"`` each (stream, context, token) once (h = 0: each token value once, the official
 code); ``"token"`` each token value once; ``"none"`` every position. The null (``null``):
 
-- ``"exact"`` (with ``dedup="cluster"``): under a uniformly random key the green clusters of one context are a
-  uniformly random ``n_green``-subset, so the green count among the k_j distinct clusters scored after context j is
-  hypergeometric, independent across contexts and streams: ``p = P[sum_j Hyp(C, n_green, k_j) >= n_g]`` by
-  convolution. Exact for any token distribution and any partition (the binomial is not: tokens of one cluster
-  share their green status, and the token distribution is not uniform over clusters).
+- ``"exact"``: under a uniformly random key the green clusters of one (stream, context) group are a uniformly random
+  ``n_green``-subset, independent across groups. With ``dedup="cluster"`` each distinct cluster of group j is scored
+  once, so its green count is hypergeometric: ``p = P[sum_j Hyp(C, n_green, k_j) >= n_g]`` by convolution. With any
+  other ``dedup`` (``"token"``: the paper's counting, each token value once per stream, green status from the token's
+  cluster) cluster c of group j carries the weight w_jc = its scored units, and the null is the weighted random-subset
+  sum ``sum_j sum_{c in S_j} w_jc`` (``weighted_subset_null_pmf``, a dynamic program). Exact for any token
+  distribution and any partition (the binomial is not: tokens of one cluster share their green status, and the token
+  distribution is not uniform over clusters).
 - ``"binomial"``: ``p = P[Bin(n, gamma_eff) >= n_g]`` (``scipy.stats.binom``), the official test; calibrated only
   when the scored units are independent draws with green share gamma_eff (token-level KGW with h >= 1).
 - ``"keys"``: a Monte Carlo null over ``n_keys`` random keys on the same tokens: ``p = (1 + #{z_k >= z}) / (1 +
@@ -45,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.special import comb
 from scipy.stats import binom, hypergeom
 
 _MOD = (1 << 61) - 1
@@ -270,6 +274,25 @@ class ClusteredKGW:
     def _count(self, units: list[tuple[int, tuple[int, ...], int, int]], key: int, cache: bool = True) -> int:
         return sum(bool(self._green(ctx, s, key, cache)[c]) for s, ctx, c, _ in units)
 
+    @staticmethod
+    def _weights(
+        units: list[tuple[int, tuple[int, ...], int, int]],
+    ) -> dict[tuple[int, tuple[int, ...]], dict[int, int]]:
+        """``{(stream, context): {cluster: scored units}}``: the groups that share one green list, and how many
+        scored units each cluster of a group carries (all 1 with ``dedup="cluster"``)."""
+        weights: dict[tuple[int, tuple[int, ...]], dict[int, int]] = {}
+        for s, ctx, c, _ in units:
+            w = weights.setdefault((s, ctx), {})
+            w[c] = w.get(c, 0) + 1
+        return weights
+
+    def _weighted_pmf(self, weights: dict[tuple[int, tuple[int, ...]], dict[int, int]]) -> np.ndarray:
+        """The pmf of the green units under a random key: the groups' weighted random-subset sums, convolved."""
+        pmf = np.ones(1)
+        for (s, _), w in weights.items():
+            pmf = np.convolve(pmf, _weighted_pmf_cached(self.Cs[s], self.n_greens[s], tuple(sorted(w.values()))))
+        return pmf
+
     def score(
         self,
         tokens: Any,
@@ -287,7 +310,8 @@ class ClusteredKGW:
             tokens: re-encoded codec tokens.
             min_scored: fewest scored units for a p-value.
             dedup: ``"cluster"`` | ``"context"`` | ``"token"`` | ``"none"`` (module docstring).
-            null: ``"exact"`` (needs ``dedup="cluster"``) | ``"binomial"`` | ``"keys"``.
+            null: ``"exact"`` (hypergeometric with ``dedup="cluster"``, the weighted random-subset sum otherwise) |
+                ``"binomial"`` | ``"keys"``.
             n_keys: random keys of the ``"keys"`` null.
             null_seed: seed of those keys.
 
@@ -298,11 +322,6 @@ class ClusteredKGW:
             raise ValueError(f"dedup must be one of {DEDUPS}, got {dedup!r}")
         if null not in NULLS:
             raise ValueError(f"null must be one of {NULLS}, got {null!r}")
-        if null == "exact" and dedup != "cluster":
-            raise ValueError(
-                "null='exact' needs dedup='cluster' (distinct clusters per context are what the "
-                "hypergeometric null counts); use null='keys' for another dedup"
-            )
         if isinstance(n_keys, bool) or not isinstance(n_keys, int | np.integer) or n_keys < 1:
             raise ValueError(f"n_keys must be a positive integer, got {n_keys!r}")
         t = self._check_tokens(tokens)
@@ -318,12 +337,16 @@ class ClusteredKGW:
         z = (g - ge * n) / np.sqrt(n * ge * (1 - ge))  # z with the exact green share
         if null == "binomial":
             p = float(binom.sf(g - 1, n, ge))  # P[Bin(n, gamma_eff) >= g]
-        elif null == "exact":
+        elif null == "exact" and dedup == "cluster":
             groups: dict[tuple[int, tuple[int, ...]], int] = {}
             for s, ctx, _, _ in units:
                 groups[(s, ctx)] = groups.get((s, ctx), 0) + 1
             # p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g] over groups j = (stream s, context)
             p = _convolved_sf([(self.Cs[s], self.n_greens[s], k) for (s, _), k in groups.items()], g)
+        elif null == "exact":
+            # p = P[sum_j sum_{c in S_j} w_jc >= n_g], S_j a uniformly random n_green-subset of the C_s clusters
+            pmf = self._weighted_pmf(self._weights(units))
+            p = float(min(1.0, max(0.0, pmf[max(0, g) :].sum())))
         else:
             rng = np.random.default_rng(null_seed)
             null_g = np.array(
@@ -333,16 +356,35 @@ class ClusteredKGW:
         out.update(enough=True, z=float(z), p_value=p, neglog10_p=float(-np.log10(max(p, 1e-300))))
         return out
 
-    def score_keys(self, tokens: Any, keys: Sequence[int], *, min_scored: int = 16) -> list[dict[str, Any]]:
-        """``score(tokens, min_scored=min_scored)`` (``dedup="cluster"``, exact null) under each of ``keys``,
-        vectorised: the scored units and the null's pmf do not depend on the key, so they are computed once (an
-        empirical null: one unwatermarked clip tested under many keys).
+    def score_keys(
+        self,
+        tokens: Any,
+        keys: Sequence[int],
+        *,
+        min_scored: int = 16,
+        dedup: str = "cluster",
+        null: str = "exact",
+    ) -> list[dict[str, Any]]:
+        """``score(tokens, min_scored=min_scored, dedup=dedup, null=null)`` under each of ``keys``, vectorised: the
+        scored units and the null's pmf do not depend on the key, so they are computed once (an empirical null: one
+        unwatermarked clip tested under many keys).
+
+        Args:
+            tokens: re-encoded codec tokens.
+            keys: the keys to test under.
+            min_scored: fewest scored units for a p-value.
+            dedup: as in :meth:`score`.
+            null: ``"exact"`` or ``"binomial"`` (the ``"keys"`` null is not vectorised).
 
         Returns:
             one dict per key, as :meth:`score` returns (``p_value`` equal to it).
         """
+        if dedup not in DEDUPS:
+            raise ValueError(f"dedup must be one of {DEDUPS}, got {dedup!r}")
+        if null not in ("exact", "binomial"):
+            raise ValueError(f"null must be 'exact' or 'binomial' in score_keys, got {null!r}")
         t = self._check_tokens(tokens)
-        units = self._units(t, "cluster")
+        units = self._units(t, dedup)
         n = len(units)
         ge = float(np.mean([self.n_greens[s] / self.Cs[s] for s, *_ in units])) if n else self.gamma_eff
         if n < min_scored:
@@ -352,27 +394,82 @@ class ClusteredKGW:
                  "enough": False, "reason": reason}
                 for k in keys
             ]  # fmt: skip
-        groups: dict[tuple[int, tuple[int, ...]], int] = {}
-        for s, ctx, _, _ in units:
-            groups[(s, ctx)] = groups.get((s, ctx), 0) + 1
-        # p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g]: one pmf for every key; tail sums by a reversed cumsum
-        pmf = _convolved_pmf([(self.Cs[s], self.n_greens[s], k) for (s, _), k in groups.items()])
-        tail = np.cumsum(pmf[::-1])[::-1]
-        by_group: dict[tuple[int, tuple[int, ...]], list[int]] = {}
-        for s, ctx, c, _ in units:
-            by_group.setdefault((s, ctx), []).append(c)
-        members = [(s, ctx, np.array(cs)) for (s, ctx), cs in by_group.items()]
+        weights = self._weights(units)
+        if null == "binomial":
+            tail = None
+        elif dedup == "cluster":
+            # p = P[sum_j Hyp(C_s, n_green_s, k_j) >= n_g]: one pmf for every key; tail sums by a reversed cumsum
+            tail = np.cumsum(_convolved_pmf([(self.Cs[s], self.n_greens[s], len(w)) for (s, _), w in weights.items()])
+                             [::-1])[::-1]  # fmt: skip
+        else:
+            # p = P[sum_j sum_{c in S_j} w_jc >= n_g]: the weighted random-subset sum, one pmf for every key
+            tail = np.cumsum(self._weighted_pmf(weights)[::-1])[::-1]
+        members = [
+            (s, ctx, np.array(list(w)), np.array(list(w.values()))) for (s, ctx), w in weights.items()
+        ]
         out = []
         for key in keys:
             cache = int(key) == self.key  # one-off null keys are not cached
-            g = int(sum(self._green(ctx, s, int(key), cache)[cs].sum() for s, ctx, cs in members))
-            p = float(min(1.0, max(0.0, tail[g]))) if g < len(tail) else 0.0
+            g = int(sum((self._green(ctx, s, int(key), cache)[cs] * ws).sum() for s, ctx, cs, ws in members))
+            if tail is None:
+                p = float(binom.sf(g - 1, n, ge))  # P[Bin(n, gamma_eff) >= g]
+            else:
+                p = float(min(1.0, max(0.0, tail[g]))) if g < len(tail) else 0.0
             z = (g - ge * n) / np.sqrt(n * ge * (1 - ge))
             out.append(
                 {"n_green": float(g), "n_scored": float(n), "gamma_eff": ge, "enough": True, "z": float(z),
                  "p_value": p, "neglog10_p": float(-np.log10(max(p, 1e-300)))}
             )  # fmt: skip
         return out
+
+
+def weighted_subset_null_pmf(C: int, G: int, weights: Sequence[int]) -> np.ndarray:
+    """The pmf of the green units of one (stream, context) group under a uniformly random key.
+
+    The key makes the group's green clusters a uniformly random G-subset S of the C clusters; the group scores w_c
+    units of each of its k present clusters c (the paper's counting: each token value once, green status from its
+    cluster, so w_c is how many distinct tokens of cluster c were scored). The green count is the weighted
+    random-subset sum
+
+        X = sum_{c in S} w_c,   P[X = x] = sum_j N_j(x) * binom(C - k, G - j) / binom(C, G),
+
+    where N_j(x) counts the j-subsets of the k present clusters with weight sum x (a knapsack-style dynamic program
+    over the clusters) and binom(C - k, G - j) / binom(C, G) is the chance that S meets the present clusters in one
+    given j-subset. With unit weights X is Hyp(C, G, k).
+
+    Args:
+        C: clusters of the stream (>= 1).
+        G: green clusters per list (1 <= G <= C).
+        weights: positive scored-unit counts of the group's present clusters (k <= C of them).
+
+    Returns:
+        ``(sum(weights) + 1,)`` float64 pmf of X.
+
+    Example:
+        >>> weighted_subset_null_pmf(4, 2, [2, 1]) * 6  # subsets {a,b}: 3, {a,.}: 2 twice, {b,.}: 1 twice, {.,.}: 0
+        array([1., 2., 2., 1.])
+
+    Reference: Kirchenbauer et al., "A Watermark for Large Language Models", ICML 2023 (the green-list count);
+    the null is this project's (issue 52).
+    """
+    w = [int(v) for v in weights]
+    if isinstance(C, bool) or int(C) < 1 or not 1 <= int(G) <= int(C):
+        raise ValueError(f"C must be >= 1 and G in [1, C], got C = {C}, G = {G}")
+    if any(v < 1 for v in w) or len(w) > C:
+        raise ValueError(f"weights must be positive and at most C = {C} of them, got {w}")
+    k, J, W = len(w), min(len(w), int(G)), sum(w)
+    N = np.zeros((J + 1, W + 1))  # N[j, x]: j-subsets of the present clusters with weight sum x
+    N[0, 0] = 1.0
+    for v in w:
+        N[1:, v:] += N[:-1, : W + 1 - v].copy()
+    # P[S meets the present clusters in one given j-subset] = binom(C - k, G - j) / binom(C, G)
+    ways = np.array([comb(C - k, G - j) for j in range(J + 1)]) / comb(C, G)
+    return ways @ N
+
+
+@functools.lru_cache(maxsize=8192)
+def _weighted_pmf_cached(C: int, G: int, weights: tuple[int, ...]) -> np.ndarray:
+    return weighted_subset_null_pmf(C, G, weights)
 
 
 @functools.lru_cache(maxsize=4096)
