@@ -51,3 +51,46 @@ class InlineGrid(Grid):
             if node - 100 not in self.silent.get(call, ()):
                 replies.append(message_from_proto(message_to_proto(reply)))
         return replies[::-1]
+
+
+class RecordingGrid(InlineGrid):
+    """``InlineGrid`` that keeps a copy of every message and reply, turns a raising ClientApp into an error reply
+    (as Flower's runtime does) and drops the replies of ``silent[(message_type, round)]`` (partition ids)."""
+
+    def __init__(self, client_app, n_clients, run_config, silent=None):
+        super().__init__(client_app, n_clients, run_config)
+        self.drop, self.log = silent or {}, []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Error, Message
+
+        replies = []
+        for msg in messages:
+            sent = message_from_proto(message_to_proto(msg))
+            node, kind = msg.metadata.dst_node_id, msg.metadata.message_type
+            try:
+                reply = self.client_app(message_from_proto(message_to_proto(msg)), self.contexts[node])
+            except Exception as exc:
+                reply = Message(Error(code=2, reason=str(exc)), reply_to=msg)
+            rnd = int(sent.content["config"]["server-round"])
+            if node - 100 in self.drop.get((kind, rnd), ()):
+                reply = None
+            else:
+                reply = message_from_proto(message_to_proto(reply))
+                replies.append(reply)
+            self.log.append((kind, rnd, node, sent, reply))
+        return replies[::-1]
+
+    def sent(self, kind, rnd):
+        """``{node: message}`` of the ``kind`` ("train", "evaluate") messages of round ``rnd``."""
+        return {node: m for k, r, node, m, _ in self.log if k == kind and r == rnd}
+
+    def got(self, kind, rnd):
+        """``{node: reply}`` of the replies (no errors, none missing) to those messages."""
+        return {node: m for k, r, node, _, m in self.log if k == kind and r == rnd and m is not None
+                and not m.has_error()}
+
+    def all_sent(self, kind):
+        """Every ``kind`` message of the run, in order."""
+        return [m for k, _, _, m, _ in self.log if k == kind]
+

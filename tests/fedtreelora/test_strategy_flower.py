@@ -19,65 +19,17 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from icml26.common.federation import sample_nodes
 from icml26.fedtreelora.strategy import FedTreeLoRAStrategy
 
-from ..flower_grid import InlineGrid
+from ..flower_grid import RecordingGrid
 from . import test_strategy_user_app as user
 
 USER_MODULE = Path(user.__file__)
 LORA = [k for k in user.KEYS if "lora_" in k]
 
-
-class RecordingGrid(InlineGrid):
-    """``InlineGrid`` that keeps a copy of every message and reply, turns a raising ClientApp into an error reply
-    (as Flower's runtime does) and drops the replies of ``silent[(message_type, round)]`` (partition ids)."""
-
-    def __init__(self, client_app, n_clients, run_config, silent=None):
-        super().__init__(client_app, n_clients, run_config)
-        self.drop, self.log = silent or {}, []
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            sent = message_from_proto(message_to_proto(msg))
-            node, kind = msg.metadata.dst_node_id, msg.metadata.message_type
-            try:
-                reply = self.client_app(message_from_proto(message_to_proto(msg)), self.contexts[node])
-            except Exception as exc:
-                reply = Message(Error(code=2, reason=str(exc)), reply_to=msg)
-            rnd = int(sent.content["config"]["server-round"])
-            if node - 100 in self.drop.get((kind, rnd), ()):
-                reply = None
-            else:
-                reply = message_from_proto(message_to_proto(reply))
-                replies.append(reply)
-            self.log.append((kind, rnd, node, sent, reply))
-        return replies[::-1]
-
-    def train_sent(self, rnd):
-        return {node: m for kind, r, node, m, _ in self.log if kind == "train" and r == rnd}
-
-    def train_got(self, rnd):
-        return {node: m for kind, r, node, _, m in self.log
-                if kind == "train" and r == rnd and m is not None and not m.has_error()}
-
-    def sent(self, kind):
-        return [m for k, _, _, m, _ in self.log if k == kind]
-
-
-@pytest.fixture
-def task_identity():
-    """Flower builds messages from the running task's identity; set one for messages made outside a run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before
 
 
 def _run(strategy, rounds=3, n=4, run_config=None, silent=None, lr=0.5, arrays=None):
@@ -106,15 +58,15 @@ def test_user_server_app_runs_the_strategy_with_a_stock_client_app(task_identity
                               run_config={"num-server-rounds": 3, "lr": 0.25, "warmup-rounds": 1}))
     init = user.initial_arrays()
     # round 1: every node starts from the arrays of start(), with start()'s config (+ server-round)
-    first = grid.train_sent(1)
+    first = grid.sent("train", 1)
     assert sorted(first) == [100, 101, 102, 103]
     for msg in first.values():
         assert all(np.array_equal(msg.content["arrays"][k].numpy(), init[k]) for k in user.KEYS)
         assert dict(msg.content["config"]) == {"lr": 0.25, "server-round": 1}
         assert "external" not in msg.content.array_records
-    assert all(m.content["metrics"]["lr-seen"] == 0.25 for r in (1, 2, 3) for m in grid.train_got(r).values())
+    assert all(m.content["metrics"]["lr-seen"] == 0.25 for r in (1, 2, 3) for m in grid.got("train", r).values())
     # round 2 (after the tree of round 1): node 100's layer-1 cluster is {100, 101}, its layer-0 cluster everyone
-    got, second = grid.train_got(1), grid.train_sent(2)
+    got, second = grid.got("train", 1), grid.sent("train", 2)
     w = {n: user.n_examples(n - 100) for n in got}
     mine = second[100].content
     b1, b0 = LORA[3], LORA[1]
@@ -140,13 +92,13 @@ def test_the_tree_global_arrays_and_metrics_come_from_the_replies(task_identity)
     assert tree["ids"] == [100, 101, 102, 103] and tree["cuts"] == [1, 2]
     assert sorted(map(sorted, tree["partitions"][1])) == [[100, 101], [102, 103]]
     # no personalisation before the tree: round 2's message to a node is what it sent in round 1
-    got1, sent2 = grid.train_got(1), grid.train_sent(2)
+    got1, sent2 = grid.got("train", 1), grid.sent("train", 2)
     for node, msg in sent2.items():
         for k in LORA:
             np.testing.assert_array_equal(msg.content["arrays"][k].numpy(), got1[node].content["arrays"][k].numpy())
-    assert "external" not in sent2[100].content.array_records and "external" in grid.train_sent(3)[100].content
+    assert "external" not in sent2[100].content.array_records and "external" in grid.sent("train", 3)[100].content
     # Result.arrays: the last round's num-examples-weighted mean of every key, never empty
-    last = grid.train_got(3)
+    last = grid.got("train", 3)
     assert sorted(result.arrays.keys()) == sorted(user.KEYS)
     for k in user.KEYS:
         np.testing.assert_allclose(result.arrays[k].numpy(),
@@ -162,10 +114,10 @@ def test_the_tree_global_arrays_and_metrics_come_from_the_replies(task_identity)
 def test_start_arrays_and_config_are_what_the_clients_get(task_identity):
     init = {k: np.full_like(v, 0.5) for k, v in user.initial_arrays().items()}
     grid, _ = _run(FedTreeLoRAStrategy(seed=1), rounds=1, lr=0.125, arrays=init)
-    for msg in grid.train_sent(1).values():
+    for msg in grid.sent("train", 1).values():
         assert all(np.array_equal(msg.content["arrays"][k].numpy(), init[k]) for k in user.KEYS)
         assert msg.content["config"]["lr"] == 0.125
-    for node, reply in grid.train_got(1).items():            # B moved 1/8 of the way from 0.5 to its target
+    for node, reply in grid.got("train", 1).items():            # B moved 1/8 of the way from 0.5 to its target
         b = LORA[1]
         want = 0.5 + 0.125 * (user.target(b, node - 100) - 0.5)
         np.testing.assert_allclose(reply.content["arrays"][b].numpy(), want, rtol=1e-6)
@@ -175,13 +127,13 @@ def test_fraction_train_samples_that_many_nodes_seeded(task_identity):
     strategy = FedTreeLoRAStrategy(fraction_train=0.5, min_train_nodes=1, min_available_nodes=4, seed=3,
                                    fraction_evaluate=0.25, min_evaluate_nodes=1)
     grid, _ = _run(strategy, rounds=4)
-    picks = [sorted(grid.train_sent(r)) for r in range(1, 5)]
+    picks = [sorted(grid.sent("train", r)) for r in range(1, 5)]
     assert all(len(p) == 2 for p in picks) and len({tuple(p) for p in picks}) > 1
     assert [h["sampled"] for h in strategy.history] == picks
-    assert len(grid.sent("evaluate")) == 4
+    assert len(grid.all_sent("evaluate")) == 4
     again, _ = _run(FedTreeLoRAStrategy(fraction_train=0.5, min_train_nodes=1, min_available_nodes=4, seed=3,
                                         fraction_evaluate=0.25, min_evaluate_nodes=1), rounds=4)
-    assert [sorted(again.train_sent(r)) for r in range(1, 5)] == picks
+    assert [sorted(again.sent("train", r)) for r in range(1, 5)] == picks
     # min_train_nodes wins over a small fraction, as in FedAvg
     nodes, everyone = sample_nodes(RecordingGrid(user.client_app, 4, {}), 0.1, 3, 2, __import__("random").Random(0))
     assert len(nodes) == 3 and everyone == [100, 101, 102, 103]
@@ -199,9 +151,9 @@ def test_failed_and_silent_nodes_are_dropped_and_a_short_round_is_skipped(task_i
     assert h[2]["aggregated"] == [103] and h[2]["skipped"]
     # round 2's cluster expert of node 100 at layer 1 averages 100's new factors with 101's last (round 1) ones
     b1 = LORA[3]
-    got1, got2 = grid.train_got(1), grid.train_got(2)
+    got1, got2 = grid.got("train", 1), grid.got("train", 2)
     want = _mean([got2[100].content["arrays"][b1].numpy(), got1[101].content["arrays"][b1].numpy()], [10, 20])
-    np.testing.assert_allclose(grid.train_sent(3)[100].content["arrays"][b1].numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(grid.sent("train", 3)[100].content["arrays"][b1].numpy(), want, rtol=1e-6)
     # the skipped round leaves the global arrays at round 2's weighted mean over 100 and 103
     assert 3 not in result.train_metrics_clientapp
     np.testing.assert_allclose(result.arrays[b1].numpy(),

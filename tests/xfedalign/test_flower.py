@@ -151,15 +151,6 @@ def test_a_client_loads_only_its_own_file_and_names_it_when_bad(tmp_path):
 
 
 # ------------------------------------------------------------------------- the apps, through Flower messages
-@pytest.fixture
-def task_identity():
-    """Flower builds messages from the running task's identity; set one for messages made outside a run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before
 
 
 def _inline_run(server_app, client_app, algo, clients, tmp_path, policy=None, silent=None):

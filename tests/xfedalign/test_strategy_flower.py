@@ -16,62 +16,17 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from icml26.common.federation import run_in_process
 from icml26.xfedalign.models import fedavg
 from icml26.xfedalign.strategy import XFedAlignStrategy, artifact_of
 
-from ..flower_grid import InlineGrid
+from ..flower_grid import RecordingGrid
 from . import test_strategy_user_app as user
 
 USER_MODULE = Path(user.__file__)
 
-
-class RecordingGrid(InlineGrid):
-    """``InlineGrid`` that keeps a copy of every message and reply, turns a raising ClientApp into an error reply
-    (as Flower's runtime does) and drops the replies of ``silent[(message_type, round)]`` (partition ids)."""
-
-    def __init__(self, client_app, n_clients, run_config, silent=None):
-        super().__init__(client_app, n_clients, run_config)
-        self.drop, self.log = silent or {}, []
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            sent = message_from_proto(message_to_proto(msg))
-            node, kind = msg.metadata.dst_node_id, msg.metadata.message_type
-            try:
-                reply = self.client_app(message_from_proto(message_to_proto(msg)), self.contexts[node])
-            except Exception as exc:
-                reply = Message(Error(code=2, reason=str(exc)), reply_to=msg)
-            rnd = int(sent.content["config"]["server-round"])
-            if node - 100 in self.drop.get((kind, rnd), ()):
-                reply = None
-            else:
-                reply = message_from_proto(message_to_proto(reply))
-                replies.append(reply)
-            self.log.append((kind, rnd, node, sent, reply))
-        return replies[::-1]
-
-    def sent(self, kind, rnd):
-        return {node: m for k, r, node, m, _ in self.log if k == kind and r == rnd}
-
-    def got(self, kind, rnd):
-        return {node: m for k, r, node, _, m in self.log if k == kind and r == rnd and m is not None
-                and not m.has_error()}
-
-
-@pytest.fixture
-def task_identity():
-    """Flower builds messages from the running task's identity; set one for messages made outside a run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before
 
 
 def _run(n=4, silent=None, **run_config):

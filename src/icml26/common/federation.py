@@ -325,6 +325,33 @@ def sample_nodes(grid: Any, fraction: float, min_nodes: int, min_available: int,
         time.sleep(wait)
 
 
+class SampledConfigure:
+    """``configure_train`` / ``configure_evaluate`` for a Flower Message-API strategy (a mixin placed before
+    ``FedAvg``): sample nodes by FedAvg's rule (``sample_nodes``; none when the fraction is 0), remember them in
+    ``self._sampled[kind, round]`` and send each the message ``self._messages(round, arrays, config, nodes,
+    message_type)`` builds. The strategy sets ``fraction_train`` / ``fraction_evaluate``, ``min_train_nodes`` /
+    ``min_evaluate_nodes``, ``min_available_nodes``, ``rng`` and ``_sampled``."""
+
+    def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        return self._configure("train", server_round, arrays, config, grid)
+
+    def configure_evaluate(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        return self._configure("evaluate", server_round, arrays, config, grid)
+
+    def _configure(self, kind: str, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        from flwr.app import MessageType
+
+        fraction = self.fraction_train if kind == "train" else self.fraction_evaluate
+        if fraction == 0.0:
+            return []
+        min_nodes = self.min_train_nodes if kind == "train" else self.min_evaluate_nodes
+        nodes, everyone = sample_nodes(grid, fraction, min_nodes, self.min_available_nodes, self.rng)
+        logging.getLogger("flwr").info("configure_%s: Sampled %s nodes (out of %s)", kind, len(nodes), len(everyone))
+        self._sampled[kind, server_round] = nodes
+        message_type = MessageType.TRAIN if kind == "train" else MessageType.EVALUATE
+        return self._messages(server_round, arrays, config, nodes, message_type)
+
+
 def payload_to_records(payload: Payload) -> Any:
     """A payload as a Flower ``RecordDict``: arrays in an ``ArrayRecord``, scalars in a ``ConfigRecord``."""
     flwr_app = requires("flwr.app", extra="fl", purpose="running on Flower")

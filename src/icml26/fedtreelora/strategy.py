@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common.federation import check_count, check_fraction, sample_nodes
+from ..common.federation import SampledConfigure, check_count, check_fraction
 from ..common.optional import requires
 
 requires("flwr", extra="fedtreelora", purpose="the Flower strategy of FedTreeLoRA")
@@ -68,12 +68,10 @@ from flwr.app import (  # noqa: E402
     ConfigRecord,
     Context,
     Message,
-    MessageType,
     MetricRecord,
     RecordDict,
 )
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.supercore import log  # noqa: E402
 
@@ -133,7 +131,7 @@ def weight_of(reply: Message, key: str) -> float:
     return float(next(m[key] for m in reply.content.metric_records.values() if key in m))
 
 
-class FedTreeLoRAStrategy(FedAvg):
+class FedTreeLoRAStrategy(SampledConfigure, FedAvg):
     """FedTreeLoRA's per-layer tree aggregation as a Flower ``FedAvg``-style strategy (see the module docstring).
 
     Args:
@@ -237,6 +235,8 @@ class FedTreeLoRAStrategy(FedAvg):
 
     def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
                   message_type: str) -> list[Message]:
+        """The round's messages (``common.federation.SampledConfigure`` samples the nodes): each node gets its
+        own starting arrays (and external experts) and ``config``; in evaluation, its personal model."""
         config = ConfigRecord({**dict(config), "server-round": server_round})  # start()'s config, with the round
         out = []
         for node in nodes:
@@ -247,26 +247,6 @@ class FedTreeLoRAStrategy(FedAvg):
             out.append(Message(content=record, message_type=message_type, dst_node_id=node))
         return out
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                        ) -> Iterable[Message]:
-        """Sample nodes; each gets its own starting arrays (and external experts) and ``config``."""
-        if self.fraction_train == 0.0:
-            return []
-        nodes, everyone = sample_nodes(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
-        log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
-        self._sampled["train", server_round] = nodes
-        return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                           ) -> Iterable[Message]:
-        """Sample nodes; each evaluates its personal model."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        nodes, everyone = sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
-                                 self.rng)
-        log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
-        self._sampled["evaluate", server_round] = nodes
-        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
 
     # -- aggregation ----------------------------------------------------------------------------------------
     def _usable(self, kind: str, server_round: int, replies: Iterable[Message], keys: list[str] | None

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common.federation import check_count, check_fraction, sample_nodes
+from ..common.federation import SampledConfigure, check_count, check_fraction
 from ..common.optional import requires
 
 requires("flwr", extra="xfedalign", purpose="the Flower strategy of xFedAlign")
@@ -58,12 +58,10 @@ from flwr.app import (  # noqa: E402
     ConfigRecord,
     Context,
     Message,
-    MessageType,
     MetricRecord,
     RecordDict,
 )
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.supercore import log  # noqa: E402
 
@@ -84,7 +82,7 @@ def present_of(artifact: SparseArtifact) -> np.ndarray:
     return np.asarray(bits if bits is not None else np.asarray(artifact.counts) > 0, dtype=bool)
 
 
-class XFedAlignStrategy(FedAvg):
+class XFedAlignStrategy(SampledConfigure, FedAvg):
     """FedAvg plus xFedAlign's Global Explanation Prior as a Flower strategy (see the module docstring).
 
     Args:
@@ -169,32 +167,14 @@ class XFedAlignStrategy(FedAvg):
     # -- messages -------------------------------------------------------------------------------------------
     def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
                   message_type: str) -> list[Message]:
+        """The round's messages (``common.federation.SampledConfigure`` samples the nodes): every node gets the
+        global model, ``config`` (with ``beta``) and the prior."""
         config = ConfigRecord({**dict(config), "server-round": server_round, "beta": self.beta})  # start()'s, +
         prior = ArrayRecord({"prior": Array(np.ascontiguousarray(self.prior, dtype=np.float32))})
         return [Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config,
                                             self.prior_key: prior}), message_type=message_type, dst_node_id=node)
                 for node in nodes]
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                        ) -> Iterable[Message]:
-        """Sample nodes; send the global model, ``config`` (with ``beta``) and the prior."""
-        if self.fraction_train == 0.0:
-            return []
-        nodes, everyone = sample_nodes(grid, self.fraction_train, self.min_train_nodes, self.min_available_nodes, self.rng)
-        log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
-        self._sampled["train", server_round] = nodes
-        return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                           ) -> Iterable[Message]:
-        """Sample nodes; send them the global model, ``config`` and the prior."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        nodes, everyone = sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes,
-                                 self.rng)
-        log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(nodes), len(everyone))
-        self._sampled["evaluate", server_round] = nodes
-        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
 
     # -- aggregation ----------------------------------------------------------------------------------------
     def problem(self, reply: Message) -> str | None:
