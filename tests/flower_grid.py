@@ -94,3 +94,30 @@ class RecordingGrid(InlineGrid):
         """Every ``kind`` message of the run, in order."""
         return [m for k, _, _, m, _ in self.log if k == kind]
 
+
+def user_app_pyproject(config: str) -> str:
+    """The ``pyproject.toml`` of a user's Flower App folder ``userapp`` (``server_app`` and ``client_app`` in
+    ``userapp.py``), with ``config``: the ``[tool.flwr.app.config]`` lines."""
+    return f"""
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "userapp"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "someone"
+
+[tool.flwr.app.components]
+serverapp = "userapp:server_app"
+clientapp = "userapp:client_app"
+
+[tool.flwr.app.config]
+{config.strip()}
+"""

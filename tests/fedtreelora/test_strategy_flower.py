@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from icml26.common.federation import sample_nodes
 from icml26.fedtreelora.strategy import FedTreeLoRAStrategy
 
-from ..flower_grid import RecordingGrid
+from ..flower_grid import RecordingGrid, user_app_pyproject
 from . import test_strategy_user_app as user
 
 USER_MODULE = Path(user.__file__)
@@ -274,27 +274,7 @@ def test_the_user_apps_run_with_flwr_run(tmp_path):
     assert sorted(result["arrays"]) == sorted(user.KEYS) and result["tree"]["cuts"] == [1, 2]
 
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "userapp"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "someone"
-
-[tool.flwr.app.components]
-serverapp = "userapp:server_app"
-clientapp = "userapp:client_app"
-
-[tool.flwr.app.config]
+PYPROJECT = user_app_pyproject("""
 num-server-rounds = 2
 warmup-rounds = 1
 lr = 0.5
@@ -303,4 +283,4 @@ timeout = 120.0
 fail-ids = "[]"
 fail-round = 1
 result-path = ""
-"""
+""")

@@ -22,7 +22,7 @@ from icml26.common.federation import run_in_process
 from icml26.xfedalign.models import fedavg
 from icml26.xfedalign.strategy import XFedAlignStrategy, artifact_of
 
-from ..flower_grid import RecordingGrid
+from ..flower_grid import RecordingGrid, user_app_pyproject
 from . import test_strategy_user_app as user
 
 USER_MODULE = Path(user.__file__)
@@ -166,31 +166,11 @@ def test_the_user_apps_run_with_flwr_run(tmp_path):
     assert "client 3 went away" in next(iter(history[1]["failed"].values()))
 
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "userapp"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "someone"
-
-[tool.flwr.app.components]
-serverapp = "userapp:server_app"
-clientapp = "userapp:client_app"
-
-[tool.flwr.app.config]
+PYPROJECT = user_app_pyproject("""
 num-server-rounds = 2
 seed = 5
 timeout = 120.0
 fail-ids = "[]"
 fail-round = 1
 result-path = ""
-"""
+""")
