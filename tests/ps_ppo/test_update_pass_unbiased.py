@@ -66,20 +66,23 @@ def table(lab):
     the survival is the uniform law's (the 1 / S weights are the only place it enters)."""
     model, batch, lengths = lab
     survival = UniformCutoff().survival(lengths, int(lengths.max()))
-    out = {}
-    for weighted in (True, False):
-        rows = []
-        for i, L in enumerate(lengths.tolist()):
-            adv = torch.zeros_like(ADV)
-            adv[i] = ADV[i]
-            per_cut = []
-            for c in range(1, L + 1):
-                cutoffs = lengths.clone()
-                cutoffs[i] = c
-                per_cut.append(_pass_gradient(model, batch, adv, cutoffs, survival, weighted))
-            rows.append(torch.stack(per_cut))
-        out[weighted] = rows
-    return out, survival
+    return {weighted: _rows(model, batch, lengths, survival, weighted) for weighted in (True, False)}, survival
+
+
+def _rows(model, batch, lengths, survival, weighted):
+    """Per row i, the (L_i, P) stack of update_pass's gradients with row i alone carrying its advantage, cut at
+    c = 1..L_i (the other rows uncut)."""
+    rows = []
+    for i, L in enumerate(lengths.tolist()):
+        adv = torch.zeros_like(ADV)
+        adv[i] = ADV[i]
+        per_cut = []
+        for c in range(1, L + 1):
+            cutoffs = lengths.clone()
+            cutoffs[i] = c
+            per_cut.append(_pass_gradient(model, batch, adv, cutoffs, survival, weighted))
+        rows.append(torch.stack(per_cut))
+    return rows
 
 
 def _rel(a, b):
@@ -172,20 +175,7 @@ def test_monte_carlo_over_stratified_draws_converges_to_the_full_gradient(lab, t
 
 def _law_table(model, batch, lengths, survival, unweighted):
     """G[weighted][i][c - 1] for the given survival (as ``table``; the unweighted entries do not depend on it)."""
-    out = {False: unweighted}
-    for weighted in (True,):
-        rows = []
-        for i, L in enumerate(lengths.tolist()):
-            adv = torch.zeros_like(ADV)
-            adv[i] = ADV[i]
-            per_cut = []
-            for c in range(1, L + 1):
-                cutoffs = lengths.clone()
-                cutoffs[i] = c
-                per_cut.append(_pass_gradient(model, batch, adv, cutoffs, survival, weighted))
-            rows.append(torch.stack(per_cut))
-        out[weighted] = rows
-    return out
+    return {False: unweighted, True: _rows(model, batch, lengths, survival, True)}
 
 
 @pytest.mark.parametrize("name", ["uniform", "stratified_mixture", "prompt_conditioned"])
