@@ -246,6 +246,7 @@ def test_smoke_run_through_the_cli(tmp_path):
     )
     assert {c["id"] for c in data["claims"]} >= {"not_only_the_shield", "beats_rule_based", "moe_stability"}
     assert (tmp_path / "sarl" / "smoke_sarl.png").is_file()
+    assert (tmp_path / "sarl" / "smoke_sarl_curves.png").is_file()  # the learning curves (README)
 
 
 def test_same_seed_same_numbers():

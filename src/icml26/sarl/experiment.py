@@ -28,6 +28,12 @@ a hash of the traffic problem, whichever seed drew it), so the same scenario is 
 and the validation scenarios ``(VALIDATION_SEED + N, i)`` that chose the training budget (the learning curves):
 an evaluation scenario among them makes the reproduction refuse the result.
 
+**Tuning** (issue #53): with ``Config.lr_grid`` every learned arm trains once per learning rate from the same
+initial weights and keeps the rate with the highest greedy success on ``tune_episodes`` validation scenarios
+(``tune_lr``; a choice on an edge extends the grid past it, and one still on an edge is flagged); the chosen rate
+is in the result (``<arm>.lr``, ``lr_at_edge``, ``lr_val_success``). No preset turns it on yet (README, Deviation
+9). The learning curve's flattened flag per arm (``curve_flattened``, ``CURVE_TOL``) is noted on the headline.
+
 Example:
     >>> import dataclasses
     >>> from icml26.sarl.experiment import PRESETS, run
@@ -39,6 +45,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +58,7 @@ import torch
 
 from ..common.plotting import new_figure, save_figure
 from ..common.results import SeedRun
+from ..common.tuning import Rule, select
 from .env import AirspaceCore
 from .mappo import PPOConfig, evaluate_episodes, fly_straight, greedy_direct, greedy_policy, train
 from .policy import KNNMLPPolicy, SARLPolicy
@@ -87,6 +97,33 @@ class Config:
     """the seed that records the learning curve: the mode's first seed (the plot draws the first seed's curve)"""
     curve_episodes: int = 8
     """validation scenarios per learning-curve point (drawn apart from the evaluation scenarios)"""
+    lr_grid: tuple[float, ...] = ()
+    """learning rates (increasing) every learned arm chooses from by greedy success on ``tune_episodes``
+    validation scenarios (the highest; ties to the smaller rate); empty: every arm trains at ``lr``, untuned"""
+    tune_episodes: int = 32
+    """validation scenarios scoring each learning rate of ``lr_grid`` (the learning curve uses the first
+    ``curve_episodes`` of the same validation stream)"""
+    lr_extend: int = 1
+    """when an arm's choice lands on an edge of ``lr_grid``, the grid is extended past that edge (by the grid's
+    first ratio) at most this many times; a choice still on an edge is flagged in the result (``lr_at_edge``) and
+    noted on the headline claim"""
+
+    def __post_init__(self) -> None:
+        grid = [float(v) for v in self.lr_grid]
+        if any(not np.isfinite(v) or v <= 0 for v in grid) or any(
+            b <= a for a, b in itertools.pairwise(grid)
+        ):
+            raise ValueError(f"lr_grid must hold increasing positive learning rates, got {self.lr_grid!r}")
+        if len(grid) == 1:
+            raise ValueError("lr_grid needs at least two values (or none: no tuning)")
+        if (
+            isinstance(self.tune_episodes, bool)
+            or not isinstance(self.tune_episodes, int)
+            or self.tune_episodes < 1
+        ):
+            raise ValueError(f"tune_episodes must be a positive int, got {self.tune_episodes!r}")
+        if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
+            raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
 
 
 PRESETS: dict[str, Config] = {
@@ -104,11 +141,35 @@ PRESETS: dict[str, Config] = {
     "quick": Config(budget=5_000, rollout=16, eval_episodes=16, eval_episodes_scales=4),
     # budget from the learning curves (README, "Training budget"): every learned arm's validation success stops
     # rising by about 15k agent-samples in a pilot run; 24k per arm with 16-decision rollouts (as quick) fits the
-    # full preset's time limit. The curve is recorded on full's first seed (the card's [modes.full] seeds[0]).
+    # full preset's time limit. The curve is recorded on full's first seed (the card's [modes.full] seeds[0]), with
+    # 32 validation scenarios per point (issue #53; 8 before) and a flattened flag per arm in the result's notes.
     "full": Config(
-        budget=24_000, rollout=16, eval_episodes=32, eval_episodes_scales=12, curve_points=6, curve_seed=100
+        budget=24_000,
+        rollout=16,
+        eval_episodes=32,
+        eval_episodes_scales=12,
+        curve_points=6,
+        curve_seed=100,
+        curve_episodes=32,
     ),
 }
+
+#: a learning curve has flattened when its last two validation points differ by at most this much (two scenarios
+#: in 32; fixed before any curve with 32 scenarios per point was seen, issue #53)
+CURVE_TOL = 2 / 32
+
+
+def curve_flattened(points: list[tuple[float, float]], tol: float = CURVE_TOL) -> bool:
+    """Whether a learning curve ``[(agent-samples, validation success), ...]`` has flattened: at least two points
+    and the last two within ``tol`` (``|s_K - s_{K-1}| <= tol``).
+
+    Example:
+        >>> curve_flattened([(1e3, 0.2), (2e3, 0.5), (3e3, 0.53)]), curve_flattened([(1e3, 0.2), (2e3, 0.5)])
+        (True, False)
+    """
+    # flattened  <=>  |s_K - s_{K-1}| <= tol
+    return len(points) >= 2 and abs(points[-1][1] - points[-2][1]) <= tol + 1e-12
+
 
 #: validation scenarios for the learning curves: seeds (VALIDATION_SEED + N, i), disjoint from the evaluation
 #: scenarios (50000 + seed + N, i) and the training stream
@@ -176,6 +237,43 @@ def recording(make_core: Callable[[], AirspaceCore], log: list[str]) -> Callable
     return make
 
 
+def tune_lr(
+    grid: tuple[float, ...], score: Callable[[float], tuple[float, Any]], extend: int
+) -> tuple[dict[str, Any], Any]:
+    """Choose a learning rate from ``grid`` (increasing) by ``score(lr) -> (validation score, artifact)``: the
+    highest score, ties to the smaller rate. While the choice is on an edge of the grid, and at most ``extend``
+    times, one more rate past that edge (the grid's first ratio) is scored and the choice made again.
+
+    Returns ``({"grid", "scores", "chosen", "at_edge"}, the chosen rate's artifact)``; ``at_edge`` is the final
+    choice's (still on an edge after the extensions).
+
+    Example:
+        >>> rec, art = tune_lr((1e-3, 3e-3, 9e-3), lambda lr: (-abs(lr - 1e-4), lr), extend=2)
+        >>> [round(v, 6) for v in rec["grid"]], round(rec["chosen"], 6), rec["at_edge"]
+        ([0.000111, 0.000333, 0.001, 0.003, 0.009], 0.000111, True)
+    """
+    if len(grid) < 2:
+        raise ValueError(f"grid needs at least two learning rates, got {grid!r}")
+    values = [float(v) for v in grid]
+    got = [score(v) for v in values]
+    scores, arts = [g[0] for g in got], [g[1] for g in got]
+    ratio = values[1] / values[0]
+    for k in range(extend + 1):
+        chosen, at_edge = select(values, scores, Rule(maximize=True, ties="first"))
+        if not at_edge or k == extend:
+            break
+        # on an edge: one more rate past it
+        low = values.index(chosen) == 0
+        lr = chosen / ratio if low else chosen * ratio
+        s, art = score(lr)
+        at = 0 if low else len(values)
+        values.insert(at, lr)
+        scores.insert(at, float(s))
+        arts.insert(at, art)
+    i = values.index(chosen)
+    return {"grid": values, "scores": scores, "chosen": chosen, "at_edge": at_edge}, arts[i]
+
+
 def run(cfg: Config) -> SeedRun:
     """One seed: train the learned methods on equal budgets, evaluate everything at every scale."""
     if cfg.budget < 1 or not cfg.train_sizes:
@@ -204,21 +302,17 @@ def run(cfg: Config) -> SeedRun:
 
     if with_curve:
         val_curves["greedy_kss"] = [(0.0, validation_success(greedy_direct, True))]
-    for name, (policy, kind, shielded) in methods.items():
+
+    def fit(
+        policy: Any, kind: str, shielded: bool, name: str, lr: float
+    ) -> tuple[list[dict[str, float]], list]:
+        """Train ``policy`` at ``lr``; returns its history and its learning curve (on the curve seed)."""
         marks = (
             [cfg.budget * (k + 1) / cfg.curve_points for k in range(cfg.curve_points)] if with_curve else []
         )
         points: list[tuple[float, float]] = []
 
-        def on_update(
-            _it: int,
-            h: dict[str, float],
-            policy=policy,
-            kind=kind,
-            shielded=shielded,
-            points=points,
-            marks=marks,
-        ) -> dict[str, float] | None:
+        def on_update(_it: int, h: dict[str, float]) -> dict[str, float] | None:
             # the learning curve: greedy success on validation scenarios, evaluated as the arm is evaluated
             if marks and h["agent_steps"] >= marks[0]:
                 while marks and h["agent_steps"] >= marks[0]:
@@ -232,13 +326,36 @@ def run(cfg: Config) -> SeedRun:
             policy,
             kind,
             train_core,
-            ppo,
+            dataclasses.replace(ppo, lr=lr),
             total_agent_steps=cfg.budget,
             seed=cfg.seed,
             shield_train=shielded,
-            desc=f"sarl seed {cfg.seed} {name}",
+            desc=f"sarl seed {cfg.seed} {name}" + (f" lr {lr:g}" if cfg.lr_grid else ""),
             callback=on_update if with_curve else None,
         )
+        return hist, points
+
+    tune_core = _core(cfg.eval_n, VALIDATION_SEED, min(cfg.tune_episodes, 16), cfg.radius_nm)
+    tune_seeds = [(VALIDATION_SEED + cfg.eval_n, i) for i in range(cfg.tune_episodes)]
+    tuned: dict[str, dict[str, Any]] = {}
+    for name, (policy, kind, shielded) in list(methods.items()):
+        if not cfg.lr_grid:
+            hist, points = fit(policy, kind, shielded, name, cfg.lr)
+        else:
+            # every rate starts from the same initial weights; each is scored on the validation scenarios
+            init = copy.deepcopy(policy)
+
+            def score(
+                lr: float, init=init, kind=kind, shielded=shielded, name=name
+            ) -> tuple[float, tuple[Any, Any, Any]]:
+                pol = copy.deepcopy(init)
+                hist, points = fit(pol, kind, shielded, name, lr)
+                act = greedy_policy(pol, kind, shield_mask=shielded)
+                eps = evaluate_episodes(act, tune_core, episode_seeds=tune_seeds, shield_eval=shielded)
+                return float(np.mean([e["success"] for e in eps])), (pol, hist, points)
+
+            tuned[name], (policy, hist, points) = tune_lr(cfg.lr_grid, score, cfg.lr_extend)
+            methods[name] = (policy, kind, shielded)
         curves[name] = [(h["agent_steps"], h["reward"]) for h in hist]
         if with_curve:
             val_curves[name] = points
@@ -264,7 +381,10 @@ def run(cfg: Config) -> SeedRun:
         "episodes" + suffix: scenario_ids(n, [(eval_seed + n, i) for i in range(episodes)], cfg.radius_nm)
         for n, episodes, suffix in scales
     }
-    validation = scenario_ids(cfg.eval_n, val_seeds, cfg.radius_nm)
+    n_val = max(cfg.curve_episodes, cfg.tune_episodes if cfg.lr_grid else 0)
+    validation = scenario_ids(
+        cfg.eval_n, [(VALIDATION_SEED + cfg.eval_n, i) for i in range(n_val)], cfg.radius_nm
+    )
     held_out = {u: {"train": sorted(set(trained_on)), "validation": validation} for u in unit_ids}
     for name, (act, shield_eval) in arms.items():
         metrics[name] = {}
@@ -280,8 +400,45 @@ def run(cfg: Config) -> SeedRun:
             m, u = episode_metrics(eps, suffix)
             metrics[name].update(m)
             units.setdefault("episodes" + suffix, {})[name] = u
-    series = {"curves": curves, "val_curves": val_curves, "scales": [n for n, _, _ in scales]}
-    return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out)
+    notes: dict[str, str] = {}
+    for name in methods:
+        metrics[name]["lr"] = float(cfg.lr)  # untuned (no grid); a tuned arm's choice below
+    for name, t in tuned.items():
+        # the chosen learning rate and its validation score go into the result
+        metrics[name]["lr"] = float(t["chosen"])
+        metrics[name]["lr_at_edge"] = float(t["at_edge"])
+        metrics[name]["lr_val_success"] = float(t["scores"][t["grid"].index(t["chosen"])])
+    edge = sorted(name for name, t in tuned.items() if t["at_edge"])
+    remarks = []
+    if with_curve:
+        # has each learned arm's validation curve flattened (CURVE_TOL, the rule fixed before the curves)?
+        remarks.append(
+            f"seed {cfg.seed}: learning curves ({cfg.curve_episodes} validation scenarios per point; flattened = "
+            f"last two points within {CURVE_TOL:.4g}): "
+            + ", ".join(
+                f"{n} {'flattened' if curve_flattened(c) else 'still moving'}"
+                + (f" ({c[-2][1]:.3f} -> {c[-1][1]:.3f})" if len(c) >= 2 else "")
+                for n, c in val_curves.items()
+                if n != "greedy_kss"
+            )
+        )
+    if edge:
+        remarks.append(
+            f"seed {cfg.seed}: learning rate on the edge of its grid after {cfg.lr_extend} extension(s) for "
+            + ", ".join(
+                f"{n} ({tuned[n]['chosen']:g} of {[float(f'{v:.3g}') for v in tuned[n]['grid']]})"
+                for n in edge
+            )
+        )
+    if remarks:
+        notes["not_only_the_shield"] = "; ".join(remarks)
+    series = {
+        "curves": curves,
+        "val_curves": val_curves,
+        "scales": [n for n, _, _ in scales],
+        "lr_tuning": tuned,
+    }
+    return SeedRun(metrics, series=series, notes=notes, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -320,4 +477,18 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
         axis.set_xlabel(f"aircraft (trained on mixed N around {eval_n})")
         axis.set_ylabel(label)
     cx.legend(fontsize=7)
-    return [save_figure(fig, out_dir / f"{result['mode']}_sarl.png")]
+    paths = [save_figure(fig, out_dir / f"{result['mode']}_sarl.png")]
+    # the learning curves alone (README, "Training budget"): validation success against agent-samples
+    fig, lx = new_figure(1, 1, figsize=(6, 4))
+    for name, curve in val.items():
+        if name == "greedy_kss":
+            lx.axhline(curve[0][1], color="k", ls="--", lw=1, label="greedy_kss (no training)")
+        elif curve:
+            lx.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
+    lx.set_xlabel("agent-samples")
+    lx.set_ylabel("validation success (N = 20)")
+    lx.set_title(f"learning curves, {result['mode']} (first seed)", fontsize=9)
+    if val:
+        lx.legend(fontsize=7)
+    paths.append(save_figure(fig, out_dir / f"{result['mode']}_sarl_curves.png"))
+    return paths

@@ -2,7 +2,11 @@
 
 One policy for every aircraft (CTDE: a centralised critic for the graph policies). Rollouts of ``rollout`` decisions
 over ``n_envs`` scenarios; GAE per aircraft slot with done = arrived or episode end (never bootstrapping across a
-slot reused after a reset); empty slots are masked out of every loss. With ``shield_train`` the Kinematic Safety
+slot reused after a reset; an episode cut by its time limit is truncated, not terminated: its last target
+bootstraps the value of the state where it was cut); empty slots are masked out of every loss. Each env resets on
+its own when its episode ends, and the first episodes are cut at staggered times (``PPOConfig.stagger``), so the
+envs run at different phases; the learning rate may decay linearly (``lr_end_frac``), and the critic may be a
+separate network (``separate_critic``). With ``shield_train`` the Kinematic Safety
 Shield's safe set masks the logits (preemptive shield) and the mask is stored with the observation, so the PPO
 ratio is computed under the same mask. Budgets are counted in agent-samples (live aircraft decisions).
 
@@ -21,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +40,16 @@ from .shield import KinematicSafetyShield
 
 @dataclass
 class PPOConfig:
+    """MAPPO settings (``train``).
+
+    The learning rate of iteration k decays linearly in the share of the budget already sampled,
+    ``lr_k = lr (1 - (1 - lr_end_frac) min(steps_k / total, 1))`` (``lr_end_frac = 1``: constant; ``0``: to zero,
+    CleanRL's ``anneal_lr``). ``stagger``: environment b's first episode is cut (a truncation) after
+    ``ceil((b + 1) max_steps / n_envs)`` decisions, so the environments run at different phases of their episodes
+    and a rollout mixes early and late decisions. ``separate_critic``: the value comes from a separate copy of the
+    policy network (its own encoder) instead of the policy's value head on the shared encoder.
+    """
+
     n_envs: int = 64
     rollout: int = 32
     gamma: float = 0.99
@@ -47,6 +62,24 @@ class PPOConfig:
     epochs: int = 4
     minibatches: int = 4
     grad_clip: float = 0.5
+    lr_end_frac: float = 1.0
+    stagger: bool = True
+    separate_critic: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n_envs", "rollout", "epochs", "minibatches"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not (np.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+        if not 0.0 <= self.lr_end_frac <= 1.0:
+            raise ValueError(f"lr_end_frac must lie in [0, 1], got {self.lr_end_frac!r}")
+
+    def lr_at(self, steps: float, total: float) -> float:
+        """The learning rate of an iteration that starts after ``steps`` of ``total`` agent-samples."""
+        # lr_k = lr (1 - (1 - lr_end_frac) p_k),  p_k = min(steps_k / total, 1)
+        return self.lr * (1.0 - (1.0 - self.lr_end_frac) * min(steps / total, 1.0))
 
 
 def observe(core: AirspaceCore, kind: str) -> dict[str, torch.Tensor]:
@@ -80,23 +113,35 @@ def gae_advantages(
     last_value: torch.Tensor,
     gamma: float,
     lam: float,
+    truncated: torch.Tensor | None = None,
+    trunc_value: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Generalised advantage estimates per slot, time first (T, ...).
 
-    ``A_t = delta_t + gamma lam (1 - d_t) A_{t+1}``, ``delta_t = r_t + gamma (1 - d_t) V_{t+1} - V_t`` (Schulman et
-    al. 2016, eq. 16, with episode ends ``d_t``), ``V_T`` = ``last_value``; a slot that is empty at t gets 0 and
-    passes nothing back, so an estimate never crosses a slot reused after a reset. Tested against TorchRL's
-    ``generalized_advantage_estimate``; training uses TorchRL's ``MultiAgentGAE`` module (``sarl.torchrl_loss.gae_torchrl``), tested
-    equal to this function.
+    ``A_t = delta_t + gamma lam (1 - d_t) A_{t+1}``, ``delta_t = r_t + gamma (1 - term_t) V_{t+1} - V_t``
+    (Schulman et al. 2016, eq. 16, with episode ends ``d_t``), ``V_T`` = ``last_value``; a slot that is empty at t
+    gets 0 and passes nothing back, so an estimate never crosses a slot reused after a reset. A slot ``truncated``
+    at t (cut by the time limit) ends its recursion there (``d_t = 1``) but is not terminated: ``V_{t+1}`` is
+    ``trunc_value[t]``, the value of the state where it was cut (TorchRL's ``done`` / ``terminated``). Tested against
+    TorchRL's ``generalized_advantage_estimate``; training uses TorchRL's ``MultiAgentGAE`` module
+    (``sarl.torchrl_loss.gae_torchrl``), tested equal to this function.
     """
+    if truncated is not None and (trunc_value is None or trunc_value.shape != rew.shape):
+        raise ValueError("trunc_value must be given with truncated, shaped like rew")
     adv = torch.zeros_like(rew)
     gae = torch.zeros_like(rew[0])
     for t in reversed(range(rew.shape[0])):
         next_val = last_value if t == rew.shape[0] - 1 else val[t + 1]
-        nonterminal = (~done[t]).float()
-        # delta_t = r_t + gamma V(s_{t+1}) (1 - d_t) - V(s_t);  A_t = delta_t + gamma lam (1 - d_t) A_{t+1}
+        ended = done[t]
+        terminal = done[t]
+        if truncated is not None:
+            next_val = torch.where(truncated[t], trunc_value[t], next_val)
+            ended = ended | truncated[t]
+            terminal = ended & ~truncated[t]
+        nonterminal, notdone = (~terminal).to(rew.dtype), (~ended).to(rew.dtype)
+        # delta_t = r_t + gamma V(s_{t+1}) (1 - term_t) - V(s_t);  A_t = delta_t + gamma lam (1 - d_t) A_{t+1}
         delta = rew[t] + gamma * next_val * nonterminal - val[t]
-        gae = delta + gamma * lam * nonterminal * gae
+        gae = delta + gamma * lam * notdone * gae
         gae = gae * alive[t].float()
         adv[t] = gae
     return adv
@@ -117,34 +162,55 @@ def train(
     shield_train: bool = False,
     desc: str | None = None,
     callback: Callable[[int, dict[str, float]], dict[str, float] | None] | None = None,
+    critic: Any = None,
 ) -> list[dict[str, float]]:
     """Train ``policy`` for ``total_agent_steps`` agent-samples; returns per-iteration statistics.
 
     The PPO loss is TorchRL's ``MAPPOLoss`` (clipped PPO, centralised critic) and the advantages TorchRL's
     ``MultiAgentGAE`` (``sarl.torchrl_loss``), over this package's batched rollouts. ``callback(iteration, stats)``, called after every PPO
     update (e.g. an evaluation on validation scenarios for a learning curve), may return entries added to that
-    iteration's statistics.
+    iteration's statistics. With ``cfg.separate_critic`` the values come from ``critic`` (a network of the
+    policy's signature, trained alongside; default: a copy of ``policy`` made here).
     """
     if kind not in ("graph", "knn"):
         raise ValueError(f"kind must be 'graph' or 'knn', got {kind!r}")
+    if critic is not None and not cfg.separate_critic:
+        raise ValueError("critic is given but cfg.separate_critic is False")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     core = make_core()
+    core.auto_reset = False  # resets here, after the value of a cut episode's last state is read
     shield = KinematicSafetyShield(core) if shield_train else None
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    if cfg.separate_critic and critic is None:
+        critic = copy.deepcopy(policy)  # its own parameters from here on (same initial weights)
+    params = list(policy.parameters()) + (list(critic.parameters()) if critic is not None else [])
+    opt = torch.optim.Adam(params, lr=cfg.lr)
     from . import torchrl_loss  # TorchRL (the marl extra), imported only to train
 
     loss_fn = torchrl_loss.PPOLossTorchRL(
-        policy, kind, clip=cfg.clip, value_coef=cfg.value_coef, entropy=cfg.entropy
+        policy, kind, clip=cfg.clip, value_coef=cfg.value_coef, entropy=cfg.entropy, critic=critic
     )
+
+    def values(obs: dict[str, torch.Tensor], from_policy: torch.Tensor) -> torch.Tensor:
+        return from_policy if critic is None else forward(critic, kind, obs)[1]
+
+    # the time limit of each env's current episode: staggered first episodes put the envs at different phases
+    limit = np.full(core.B, core.max_steps)
+    if cfg.stagger:
+        limit = np.ceil((np.arange(core.B) + 1) * core.max_steps / core.B).astype(int)
     history: list[dict[str, float]] = []
     steps = 0
     bar = progress(total=total_agent_steps, desc=desc) if desc else None
     while steps < total_agent_steps:
+        lr = cfg.lr_at(steps, total_agent_steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
         buf: dict[str, list[Any]] = {
-            k: [] for k in ("obs", "amask", "act", "logp", "val", "rew", "done", "alive")
+            k: [] for k in ("obs", "amask", "act", "logp", "val", "rew", "done", "alive", "trunc", "tval")
         }
         policy.eval()
+        if critic is not None:
+            critic.eval()
         with torch.no_grad():
             for _ in range(cfg.rollout):
                 obs = observe(core, kind)
@@ -154,33 +220,54 @@ def train(
                     else torch.ones(core.B, core.N, N_ACTIONS, dtype=torch.bool)
                 )
                 logits, value, _ = forward(policy, kind, obs)
+                value = values(obs, value)
                 dist = torch.distributions.Categorical(logits=_masked_logits(logits, amask))
                 u = torch.rand(core.B, core.N, 1, generator=gen)
                 act = (dist.probs.cumsum(-1) < u).sum(-1).clamp(max=N_ACTIONS - 1)
                 alive = torch.from_numpy(core.alive.copy())
                 r, agent_done, env_done, _, _ = core.step(act.numpy())
+                # an episode ends by arrivals (every aircraft out: terminated) or by its time limit (truncated:
+                # the aircraft still flying are cut, and their value target bootstraps V of the state they reached)
+                ended = env_done | (core.t >= limit)
+                cut = alive.numpy() & core.alive & ended[:, None]
+                tval = torch.zeros(core.B, core.N)
+                if cut.any():
+                    o = observe(core, kind)
+                    tval = values(o, forward(policy, kind, o)[1])
                 buf["obs"].append(obs)
                 buf["amask"].append(amask)
                 buf["act"].append(act)
                 buf["logp"].append(dist.log_prob(act))
                 buf["val"].append(value)
                 buf["rew"].append(torch.from_numpy(r))
-                buf["done"].append(torch.from_numpy(agent_done | env_done[:, None]))
+                buf["done"].append(torch.from_numpy(agent_done | ended[:, None]))
                 buf["alive"].append(alive)
-            last_value = forward(policy, kind, observe(core, kind))[1]
+                buf["trunc"].append(torch.from_numpy(cut))
+                buf["tval"].append(tval)
+                if ended.any():  # (an episode cut by a staggered limit is not logged in core.finished)
+                    core.reset(ended)
+                    limit[ended] = core.max_steps
+            o = observe(core, kind)
+            last_value = values(o, forward(policy, kind, o)[1])
         n_new = int(torch.stack(buf["alive"]).sum())
         steps += n_new
         if bar is not None:
             bar.update(n_new)
-        # GAE per slot, through TorchRL's GAE module (empty slots pass nothing back)
-        rew, val, done, alive = (torch.stack(buf[k]) for k in ("rew", "val", "done", "alive"))
-        adv, ret = torchrl_loss.gae_torchrl(rew, val, done, alive, last_value, cfg.gamma, cfg.lam)
+        # GAE per slot, through TorchRL's GAE module (empty slots pass nothing back; cut episodes bootstrap)
+        rew, val, done, alive, trunc, tval = (
+            torch.stack(buf[k]) for k in ("rew", "val", "done", "alive", "trunc", "tval")
+        )
+        adv, ret = torchrl_loss.gae_torchrl(
+            rew, val, done, alive, last_value, cfg.gamma, cfg.lam, truncated=trunc, trunc_value=tval
+        )
         live = alive.float()
         a_mean = (adv * live).sum() / live.sum().clamp(min=1)
         a_std = (((adv - a_mean) ** 2 * live).sum() / live.sum().clamp(min=1)).sqrt().clamp(min=1e-6)
         adv = (adv - a_mean) / a_std
         # PPO epochs over minibatches of whole scenes; the loss is TorchRL's MAPPOLoss (centralised critic)
         policy.train()
+        if critic is not None:
+            critic.train()
         flat = {k: torch.stack([o[k] for o in buf["obs"]]).flatten(0, 1) for k in buf["obs"][0]}
         amask_f, act_f, logp_f = (torch.stack(buf[k]).flatten(0, 1) for k in ("amask", "act", "logp"))
         # an empty slot keeps every action (its terms are masked out; a fully masked row would be undefined)
@@ -205,7 +292,7 @@ def train(
                     raise FloatingPointError("PPO loss is not finite")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 opt.step()
                 stats["policy"].append(float(parts["policy"].detach()))
                 stats["value"].append(float(parts["value_loss"].detach()) / cfg.value_coef)
@@ -219,6 +306,7 @@ def train(
                 "success": float(np.mean([e["success"] for e in done_eps])) if done_eps else float("nan"),
                 # mean reward per live agent-decision of this iteration's rollout
                 "reward": float((rew * live).sum() / live.sum().clamp(min=1)),
+                "lr": lr,
             }
         )
         if callback is not None:

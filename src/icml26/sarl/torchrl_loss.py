@@ -7,11 +7,13 @@ steps one scenario through per-agent dicts, see ``benchmarks/sarl.py``); each ro
 ``TensorDict`` with the multi-agent keys (``("agents", "action")``, ``("agents", "sample_log_prob")``,
 ``("agents", "advantage")`` ...) and TorchRL computes
 
-    A_t = sum_k (gamma lam)^k (1 - d)... delta_{t+k},   delta_t = r_t + gamma (1 - d_t) V(s_{t+1}) - V(s_t)
+    A_t = sum_k (gamma lam)^k (1 - d)... delta_{t+k},   delta_t = r_t + gamma (1 - term_t) V(s_{t+1}) - V(s_t)
     L = -min(rho A, clip(rho, 1 - eps, 1 + eps) A) + c_v (V - (A + V_old))^2 - c_H H(pi)
 
-per agent-sample (``reduction="none"``); empty aircraft slots are masked out of the mean here. The shield's safe
-set masks the logits inside the actor (the same mask as in the rollout), so the ratio is computed under it.
+per agent-sample (``reduction="none"``; ``d`` = done, ``term`` = terminated: a time-limit cut is done but not
+terminated, so its target bootstraps the value of the state where it was cut); empty aircraft slots are masked out
+of the mean here. The shield's safe set masks the logits inside the actor (the same mask as in the rollout), so the
+ratio is computed under it. The critic is the policy's value head (shared encoder) or a separate network.
 Needs the ``marl`` extra (torchrl, tensordict); imported lazily by ``mappo.train``.
 
 Reference: Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347 (eq. 7); Schulman et al.,
@@ -83,11 +85,14 @@ class _ActorLogits(nn.Module):
 
 
 class _CriticValue(nn.Module):
-    def __init__(self, joint: _Joint):
+    def __init__(self, joint: _Joint, critic: nn.Module | None = None):
         super().__init__()
         self.joint = joint
+        self.critic = critic  # a separate critic network (its value output), or None: the policy's value head
 
     def forward(self, *obs: torch.Tensor) -> torch.Tensor:
+        if self.critic is not None:
+            return (self.critic(obs[0]) if self.joint.kind == "knn" else self.critic(*obs))[1][..., None]
         c = self.joint.cache
         if c is not None and c[0] is obs[0]:
             return c[1][..., None]
@@ -126,6 +131,9 @@ class PPOLossTorchRL:
     Args:
         policy: the ``nn.Module`` returning ``(logits, value, aux)``.
         kind: ``"graph"`` or ``"knn"`` (the policy's inputs).
+        critic: optional separate critic (a network of the same signature, e.g. a copy of ``policy``) whose value
+            output is the state value; ``None`` (the default) uses ``policy``'s value head on the actor's forward
+            pass (shared encoder).
         clip: PPO clip epsilon.
         value_coef: weight of the squared value error.
         entropy: weight of the entropy bonus.
@@ -134,7 +142,16 @@ class PPOLossTorchRL:
     returned separately in ``parts["aux"]``) and a dict of its parts.
     """
 
-    def __init__(self, policy: nn.Module, kind: str, *, clip: float, value_coef: float, entropy: float):
+    def __init__(
+        self,
+        policy: nn.Module,
+        kind: str,
+        *,
+        clip: float,
+        value_coef: float,
+        entropy: float,
+        critic: nn.Module | None = None,
+    ):
         self.kind = kind
         self.joint = _Joint(policy, kind)
         in_keys: list[Any] = [("agents", k) for k in _keys(kind)]
@@ -151,7 +168,7 @@ class PPOLossTorchRL:
             log_prob_key=("agents", "sample_log_prob"),
         )
         critic = TensorDictModule(
-            _CriticValue(self.joint), in_keys=in_keys, out_keys=[("agents", "state_value")]
+            _CriticValue(self.joint, critic), in_keys=in_keys, out_keys=[("agents", "state_value")]
         )
         self.loss = MAPPOLoss(
             actor,
@@ -202,18 +219,31 @@ def gae_torchrl(
     last_value: torch.Tensor,
     gamma: float,
     lam: float,
+    truncated: torch.Tensor | None = None,
+    trunc_value: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and value targets (time first, ``(T, B, N)``) from TorchRL's ``MultiAgentGAE`` module (per-agent
     rewards, so it runs the plain GAE recursion along time).
 
     An empty slot at t gets reward 0, value 0 and done, so it contributes nothing and passes nothing back (a slot
-    reused after a reset never bootstraps into the previous aircraft), as ``mappo.gae_advantages``.
+    reused after a reset never bootstraps into the previous aircraft), as ``mappo.gae_advantages``. A slot
+    ``truncated`` at t (its episode cut by the time limit, a subset of ``done``) is TorchRL's ``done`` but not
+    ``terminated``: the recursion stops there, and the one-step target bootstraps ``trunc_value[t]``, the value of
+    the state where it was cut (TorchRL's convention, ``done = terminated | truncated``).
     """
     a = alive
     r = torch.where(a, rew, torch.zeros_like(rew))
     v = torch.where(a, val, torch.zeros_like(val))
     nv = torch.cat([v[1:], last_value[None]], 0)
     d = done | ~a
+    term = d
+    if truncated is not None:
+        if trunc_value is None or trunc_value.shape != rew.shape:
+            raise ValueError("trunc_value must be given with truncated, shaped like rew")
+        # a time-limit cut: V(s_{t+1}) is the value of the state where the episode was cut (not the next episode's)
+        nv = torch.where(truncated, trunc_value, nv)
+        d = d | truncated
+        term = d & ~(truncated & a)
 
     def tr(x: torch.Tensor) -> torch.Tensor:  # (T, B, N) -> (B, N, T, 1): time last in the batch
         return x.permute(1, 2, 0).unsqueeze(-1)
@@ -221,7 +251,7 @@ def gae_torchrl(
     td = TensorDict(
         {
             "state_value": tr(v),
-            "next": {"state_value": tr(nv), "reward": tr(r), "done": tr(d), "terminated": tr(d)},
+            "next": {"state_value": tr(nv), "reward": tr(r), "done": tr(d), "terminated": tr(term)},
         },
         list(tr(v).shape[:-1]),
     )
