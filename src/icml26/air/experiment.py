@@ -108,7 +108,7 @@ from .worlds.episodes import Episode, run_episode
 
 ARMS = ("none", "prevent", "judge", "air", "air_guided", "air_no_state", "air_no_context", "air_no_recover",
         "air_no_eradicate", "dev_rules", "template_synth", "air_generic", "air_lifted", "families_template",
-        "families_lifted")
+        "families_lifted", "air_prevent")
 FAMILY_ARMS = ("families_template", "families_lifted")
 @dataclass
 class Config:
@@ -134,6 +134,10 @@ class Config:
     """v2 protocol: suites run with the generic manifest rules under AgentDojo's built-in attacks (empty: none)"""
     dojo_user_tasks: int = 2
     """v2 protocol: user tasks per suite, evenly spaced over the suite (even positions: development)"""
+    prevent_suites: tuple[str, ...] = ("banking",)
+    """v3 protocol (issue #49): suites whose every (user task, injection task) pair and every user task run with the
+    prevention posture (``rules/prevent_generic.air``) beside the v2 generic rules (empty: none). Quick runs banking
+    alone (about 20 s; its time limit), full all four suites (about 140 s, computed once per process)"""
     dojo_attacks: tuple[str, ...] = ("direct", "important_instructions", "injecagent")
     """v2 protocol: AgentDojo attacks run; the first is the development wording, the others are held out"""
     llm_model: str | None = field(default_factory=lambda: _llm_model_from_env())
@@ -149,9 +153,9 @@ def _llm_model_from_env() -> str | None:
 
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(families=3, agentdojo_suites=(), dojo_suites=()),
+    "smoke": Config(families=3, agentdojo_suites=(), dojo_suites=(), prevent_suites=()),
     "quick": Config(),
-    "full": Config(dojo_user_tasks=4, dojo_attacks=("direct", "ignore_previous", "system_message",
+    "full": Config(dojo_user_tasks=4, prevent_suites=("banking", "slack", "workspace", "travel"), dojo_attacks=("direct", "ignore_previous", "system_message",
                                                     "important_instructions", "tool_knowledge", "injecagent")),
 }
 
@@ -237,6 +241,10 @@ def _responder(arm: str, agent_type: str, store: list[Rule], benign_traces: list
         return IncidentResponder(rules, state)
     if arm == "dev_rules":
         return IncidentResponder(builtin_rules(f"prevent_{agent_type}"), state)
+    if arm == "air_prevent":        # issue #49: the prevention posture, asking the scripted user; no eradication
+        from .policy.prevention import EMBEDDED_PREVENT
+
+        return IncidentResponder(builtin_rules("prevent_generic"), state, manifest=EMBEDDED_PREVENT[agent_type])
     if arm == "air_generic":        # issue #36 item 4: the generic rules (rules/generic.air) over the env's manifest
         from .policy.manifest import EMBEDDED
 
@@ -393,7 +401,7 @@ def run_agent_type(agent_type: str, arm: str, cfg: Config,
               [s for s in scen if s.held_out])
     for k, phase in enumerate(phases):
         for s in phase:
-            ep = run_episode(s, responder, rng, cfg.distractor_p, guided=guided)
+            ep = run_episode(s, responder, rng, cfg.distractor_p, guided=guided, user=arm == "air_prevent")
             rows.append((s, ep))
             if k == 0 and isinstance(responder, IncidentResponder):
                 benign_traces.append(copy.deepcopy(responder.trace))
@@ -550,6 +558,8 @@ def run(cfg: Config) -> SeedRun:
         key = None if llm is None else (llm.base_url, llm.model, llm.timeout)
         metrics.update(dojo_generic_metrics(tuple(cfg.dojo_suites), cfg.dojo_user_tasks, tuple(cfg.dojo_attacks),
                                             key))
+    if cfg.prevent_suites:
+        metrics.update(dojo_prevention_metrics(tuple(cfg.prevent_suites)))
     # the variant split's eradication learns from the development variants (and validates on their benign twins);
     # the whole-family split is cross-fitted (each half held out from the rules of the other half, tested in
     # tests/air), so its held-out sets are per fold and not listed here
@@ -648,4 +658,37 @@ def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int, attacks: tupl
     out["dojo_dev_attack"] = summarize_attacks([r for r in pooled if r.attack in dev], benign, dev)
     out["dojo_heldout_attacks"] = summarize_attacks([r for r in pooled if r.attack not in dev], benign, dev)
     out["dojo"] = summarize_attacks(pooled, benign, dev)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def dojo_prevention_metrics(suites: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """The v3 AgentDojo protocol (issue #49; deterministic: computed once per process): every (user task,
+    injection task) pair of each suite under the "direct" attack (the scripted agent makes the same calls whatever
+    the wording: one unit per pair) and every user task without an injection, without AIR and with AIR, each run
+    a first encounter (no eradication). Two postures, labelled rows: ``dojo_prevent_<suite>`` and ``dojo_prevent``
+    (pooled), the prevention posture (``rules/prevent_generic.air`` over ``policy.prevention.AGENTDOJO_PREVENT``,
+    questions answered by the scripted user); ``dojo_detect_<suite>`` and ``dojo_detect``, the v2 generic rules
+    (``rules/generic.air`` over ``policy.manifest.AGENTDOJO``, after the action) on the same runs (the ``dojo_``
+    prefix keeps them apart from the embedded worlds' ``prevent`` arm). Rates: :func:`~icml26.air.worlds.agentdojo.
+    summarize_prevention`; each suite row adds the attack success without and with AIR per injection task
+    (``attack_success_without_air/<injection task>``, ``attack_success_with_air/<injection task>``)."""
+    from .policy.manifest import agentdojo_manifest
+    from .policy.prevention import AGENTDOJO_PREVENT
+    from .worlds.agentdojo import evaluate_prevention, summarize_prevention
+
+    out: dict[str, dict[str, float]] = {}
+    for posture, rules in (("prevent", builtin_rules("prevent_generic")), ("detect", builtin_rules("generic"))):
+        pooled_p, pooled_b = [], []
+        for suite in progress(suites, desc=f"air AgentDojo {posture}"):
+            manifest = AGENTDOJO_PREVENT[suite] if posture == "prevent" else agentdojo_manifest(suite)
+            pairs, benign = evaluate_prevention(suite, rules, manifest, ask_user=posture == "prevent")
+            pooled_p += pairs
+            pooled_b += benign
+            row = out[f"dojo_{posture}_{suite}"] = summarize_prevention(pairs, benign)
+            for it in dict.fromkeys(r.injection_task for r in pairs):      # per injection task, in task order
+                mine = [r for r in pairs if r.injection_task == it]
+                for key, attr in (("without", "attack_succeeded"), ("with", "attack_succeeded_with_air")):
+                    row[f"attack_success_{key}_air/{it}"] = sum(getattr(r, attr) for r in mine) / len(mine)
+        out[f"dojo_{posture}"] = summarize_prevention(pooled_p, pooled_b)
     return out

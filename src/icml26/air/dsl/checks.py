@@ -52,7 +52,7 @@ def _semantic_errors(rules: RuleSet) -> list[tuple[int, str]]:
 BOUND_FIELDS = {
     "call": ("name", "args", "origin", "effects", "targets", "content", "content_entities"),
     "ctx": ("user_task", "steps", "step", "strings_from_tool_outputs", "strings_from_instructions",
-            "user_mentioned_addresses", "user_mentioned_paths", "known_parties"),
+            "user_mentioned_addresses", "user_mentioned_paths", "known_parties", "vouched_parties"),
     "snap": ("pre_step",),
     "incident": ("diff", "call"),
 }

@@ -2,7 +2,9 @@
 
 - :class:`AIRToolsExecutor`: a drop-in for AgentDojo's ``ToolsExecutor`` that runs every tool call between
   ``before_action`` and ``after_action`` (a block answers with an error tool result; a stop aborts the run with
-  AgentDojo's ``AbortAgentError``; direct recovery calls the suite's own functions on the same environment).
+  AgentDojo's ``AbortAgentError``; ``ask_user`` asks ``confirm(call, env)``, and the call runs only when the user
+  confirms it, withheld as a block otherwise or when there is no one to ask; direct recovery calls the suite's own
+  functions on the same environment).
 - :class:`AIRToolsExecutionLoop`: a drop-in for AgentDojo's ``ToolsExecutionLoop`` that finishes the episode of
   every :class:`AIRToolsExecutor` among its elements when the loop ends (returns or aborts): the end of the task
   run, so end-of-episode rules and eradication run without the harness calling ``finish()``::
@@ -35,6 +37,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...common.optional import requires
@@ -231,8 +234,11 @@ class AIRToolsExecutor(BasePipelineElement):
 
     name = "air-tools-executor"
 
-    def __init__(self, responder: IncidentResponder | None):
+    def __init__(self, responder: IncidentResponder | None, confirm: Any = None):
         self.responder = responder
+        #: ``confirm(call, env) -> bool``: the user asked when AIR's decision is ``ask_user`` (True: the call runs);
+        #: None: nobody to ask, so the call is withheld (fail closed)
+        self.confirm = confirm
         self._env_id: int | None = None
         self._view: StateView | None = None
         self.episode_open = False
@@ -280,7 +286,9 @@ class AIRToolsExecutor(BasePipelineElement):
                     d = air.before_action(call)
                 if d.kind == "stop":
                     raise AbortAgentError(f"[AIR] {d.message}", [*messages, *out], env)
-                if d.kind == "block":
+                if d.kind == "ask_user" and self.confirm is not None and self.confirm(call, env):
+                    d = replace(d, kind="allow")           # the user confirmed: the call runs
+                if d.kind in ("block", "ask_user"):
                     self.calls.append((tc.function, _key(tc.args), False, len(air.incidents)))
                     out.append(ChatToolResultMessage(role="tool", content=_content(f"[AIR] {d.message}"),
                                                      tool_call_id=tc.id, tool_call=tc, error=d.message))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -90,6 +90,9 @@ class ToolSpec:
     resources: tuple[str, ...] = ()
     inverse: Inverse | None = None
     args: tuple[str, ...] | None = None
+    classify: Callable[[Mapping[str, Any]], tuple[Iterable[str], Iterable[str]]] | None = None
+    """per call: ``args -> (effect classes, targets)`` replacing ``effects``/``targets`` for that call (a shell's
+    ``run`` whose command decides what it does, ``policy.prevention.shell_effects``); None: the declared ones"""
 
     def __post_init__(self) -> None:
         if self.args is not None:
@@ -107,6 +110,22 @@ class ToolSpec:
             eff |= {"irreversible"}  # a state-changing tool with no inverse cannot be undone
         object.__setattr__(self, "effects", eff)
 
+    def call_effects(self, args: Mapping[str, Any]) -> tuple[frozenset[str], list[Any]]:
+        """The effect classes and raw target values of one call: ``classify(args)`` when declared (with
+        ``irreversible`` added as for the declared effects), otherwise the declared ``effects`` and the values
+        of the ``targets`` arguments."""
+        if self.classify is None:
+            return frozenset(self.effects), [v for a in self.targets for v in _flat(args.get(a))]
+        eff, targets = self.classify(args)
+        eff = frozenset(eff)
+        bad = sorted(eff - set(EFFECTS))
+        if bad:
+            raise ValueError(f"classify returned unknown effect class(es) {bad}")
+        if self.inverse is None and eff & {"persists", "destroys", "changes_permissions", "moves_money",
+                                           "sends_out"}:
+            eff |= {"irreversible"}   # no inverse: cannot be undone (data that left cannot be called back)
+        return eff, list(targets)
+
 
 class Manifest:
     """Tool name -> :class:`ToolSpec`, plus ``known`` state paths whose values are parties the user deals with.
@@ -117,10 +136,15 @@ class Manifest:
             whose string values form ``ctx.known_parties``.
         state: the top-level keys of the state view the rules read as ``state`` (and ``snap.pre_step``); None:
             not declared (no state path is refused).
+        allow: a deployment allowlist (domains, accounts; ``policy.prevention.load_allowlist``), known parties
+            whatever the state holds.
     """
 
     def __init__(self, tools: Mapping[str, ToolSpec], known: Sequence[str] = (),
-                 state: Sequence[str] | None = None):
+                 state: Sequence[str] | None = None, allow: Sequence[str] = ()):
+        if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
+            raise TypeError(f"allow must be a sequence of domains or accounts, got {allow!r}")
+        self.allow = tuple(normalize(a) for a in allow)
         for name, spec in tools.items():
             if not isinstance(spec, ToolSpec):
                 raise TypeError(f"tools[{name!r}] must be a ToolSpec, got {type(spec).__name__}")
@@ -160,20 +184,19 @@ class Manifest:
         spec = self.tools.get(tool)
         if spec is None:
             return {"effects": [], "targets": [], "content": [], "content_entities": []}
-        targets = [
-            normalize(v) for a in spec.targets for v in _flat(args.get(a)) if isinstance(v, str) and v.strip()
-        ]
+        effects, raw = spec.call_effects(args)
+        targets = [normalize(v) for v in raw if isinstance(v, str) and v.strip()]
         content = [v for a in spec.content for v in _flat(args.get(a)) if v is not None]
         return {
-            "effects": sorted(spec.effects),
+            "effects": sorted(effects),
             "targets": targets,
             "content": content,
             "content_entities": sorted(entities(content)),
         }
 
     def known_parties(self, state: Any) -> list[str]:
-        """The normalised string values under the ``known`` state paths."""
-        out: set[str] = set()
+        """The normalised string values under the ``known`` state paths, and the ``allow`` list."""
+        out: set[str] = set(self.allow)
         for path in self.known:
             for v in _walk_path(state, path.split(".")):
                 out.update(normalize(s) for s in _flat(v) if isinstance(s, str))

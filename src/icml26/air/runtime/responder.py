@@ -49,6 +49,7 @@ import functools
 import itertools
 import operator
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -240,6 +241,7 @@ class IncidentResponder:
         self.taint: set[str] = set()
         self.instruction_taint: set[str] = set()
         self.vouched: set[str] = set()             # entities from the output of a source the user named
+        self.pointed: set[str] = set()             # of those, each the only one of its kind in its output
         self.quarantined: set[str] = set()
         self.blocked_calls: set[str] = set()      # calls that caused an incident: their repeats are blocked
         self.episode_rules: list[Rule] = []       # containment: the incident's pre-action checks, this episode
@@ -306,7 +308,7 @@ class IncidentResponder:
         if not self.use_context:
             return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
                     "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step,
-                    "known_parties": []}
+                    "known_parties": [], "vouched_parties": []}
         if self._episode is None:       # the episode's first context: the known parties are those it sees
             known = self._known_carry if self._known_carry is not None else self._known_source()
             self._episode = _EpisodeFacts(self._named_text, self.named_entities, self.manifest, known)
@@ -317,9 +319,11 @@ class IncidentResponder:
         key = self._taint_version
         if self._ctx_cache is None or self._ctx_cache[0] != key:
             taint, instr, vouched, ep = self.taint, self.instruction_taint, self.vouched, self._episode
+            pointed = self.pointed
             self._ctx_cache = (key, Context({}, {
                 "strings_from_tool_outputs": lambda: NormalizedStrings(sorted(taint)),
                 "strings_from_instructions": lambda: ep.unvouched(instr, vouched),
+                "vouched_parties": lambda: NormalizedStrings(sorted(pointed)),
                 "known_parties": ep.known_parties}), ep.mentioned)
         lazy, mentioned_lists = self._ctx_cache[1:]
         return Context({"user_task": self.user_task, "steps": list(self.window), "step": self.step}, lazy,
@@ -343,8 +347,10 @@ class IncidentResponder:
         """What the known parties are read from, taken at the episode's first context: the state view when the
         provider's views are never changed afterwards (``fresh``: the parties are read from it when a rule first
         needs them), otherwise the parties, read now; None when there are none."""
-        if self.manifest is None or not self.manifest.known or not self.use_state:
+        if self.manifest is None or not (self.manifest.known or getattr(self.manifest, "allow", ())):
             return None
+        if not self.use_state:          # the deployment allowlist needs no state
+            return NormalizedStrings(self.manifest.allow) if getattr(self.manifest, "allow", ()) else None
         if getattr(self.state, "fresh", False):     # the snapshot (built when the parties are first read)
             return self.state.snapshot()
         return NormalizedStrings(self.manifest.known_parties(self.state.view()))
@@ -434,6 +440,7 @@ class IncidentResponder:
             self._add_taint("taint", tainted)
             if self._user_directed(call):               # a source the user named vouches for what it carries
                 self._add_taint("vouched", found)
+                self._add_taint("pointed", sole_entities(found))
             else:
                 self._add_taint("instruction_taint", found)
             if limits.truncated:
@@ -445,7 +452,7 @@ class IncidentResponder:
         return _merge(d, self._verify_pending())
 
     def _add_taint(self, name: str, new: set[str]) -> None:
-        """Add ``new`` to the set ``self.<name>`` (``taint``, ``vouched`` or ``instruction_taint``), replaced by a
+        """Add ``new`` to the set ``self.<name>`` (``taint``, ``vouched``, ``pointed`` or ``instruction_taint``), replaced by a
         new set, never changed in place: the contexts taken earlier keep reading the sets they saw."""
         into = getattr(self, name)
         new = new - into
@@ -870,6 +877,29 @@ class _HookClock(threading.local):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_HookClock, ())
+
+
+_ACCOUNT = re.compile(r"[a-z]{2}\d{2}[0-9a-z]{8,30}")
+
+
+def sole_entities(found: set[str]) -> set[str]:
+    """The entities of one tool output that are the only one of their kind in it (an address, an account number, a
+    link or domain; names and amounts are left out): what a source the user pointed to vouches for as a party in
+    the prevention posture (``ctx.vouched_parties``). A source naming two payees or two addresses is ambiguous, and
+    the user is asked instead (an injection inside a file the user pointed to adds a second one).
+
+    Example:
+        >>> sorted(sole_entities({"bob@x.io", "ch9300762011623852957", "eve@y.io", "x.io"}))
+        ['ch9300762011623852957', 'x.io']
+    """
+    kinds: dict[str, list[str]] = {}
+    for x in found:
+        if not isinstance(x, str) or " " in x.strip():
+            continue
+        kind = ("address" if "@" in x else "account" if _ACCOUNT.fullmatch(x) else "link" if "." in x else None)
+        if kind is not None:
+            kinds.setdefault(kind, []).append(x)
+    return {xs[0] for xs in kinds.values() if len(xs) == 1}
 
 
 def _signature(call: ToolCall) -> str:

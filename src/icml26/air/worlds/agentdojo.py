@@ -11,6 +11,9 @@ AgentDojo's built-in attacks, driven through the adapter (``air.integrations.age
   a tool manifest (``policy.manifest.AGENTDOJO``), the agent recognising the injection by its content whatever the
   wording, benign runs without an injection, and eradication tested on held-out user tasks, wordings and injection
   tasks; :func:`summarize_attacks` gives the rates.
+- :class:`ScriptedUser` and :func:`evaluate_prevention` (v3, issue #49): the prevention posture, whose
+  ``ask_user`` the scripted user answers (confirming what the user task asked for), attack success and utility
+  with and without AIR per (user task, injection task) pair, and benign tasks interrupted.
 - :func:`benign_traces_of`: the pre-action traces of user tasks run without an injection (a benign corpus).
 
 Example:
@@ -73,6 +76,7 @@ class ScriptedCompromisedAgent(BasePipelineElement):
     def reset(self, user_task: Any, injection_task: Any, marker: str | None = None) -> None:
         self.user_task, self.injection_task, self.marker = user_task, injection_task, marker
         self.plan: list[Any] | None = None
+        self.user_plan: list[Any] = []
         self.injected = False
         self._probe = _squash(injection_task.GOAL)[:60] if injection_task is not None else ""
 
@@ -86,6 +90,7 @@ class ScriptedCompromisedAgent(BasePipelineElement):
         extra_args = {} if extra_args is None else extra_args
         if self.plan is None:
             self.plan = list(self.user_task.ground_truth(env))
+            self.user_plan = list(self.plan)       # what the user's task asks for (the scripted user reads it)
         if (messages and messages[-1]["role"] == "tool" and not self.injected and self.injection_task is not None
                 and self._carries_injection(_last_text(messages))):
             self.plan = list(self.injection_task.ground_truth(env)) + self.plan
@@ -465,3 +470,148 @@ def summarize_attacks(results: Sequence[AttackResult], benign: Sequence[BenignRe
                    eradicated_utility_without_air=rate(check, "utility_without"),
                    eradicated_utility_with_rules=rate(check, "utility_with_eradicated"))
     return {k: v for k, v in out.items() if v == v}        # a rate over no pairs is left out, not NaN
+
+
+# ------------------------------------------------------------------------------------- v3: the prevention posture
+class ScriptedUser:
+    """The user AIR asks (``ask_user``) in the AgentDojo experiments: it confirms a call its own task asked for (a
+    call of the user task's ground truth, as the scripted agent planned it before any injection: the same tool with
+    the same arguments, or with the same targets under ``manifest``) and refuses the rest.
+
+    Args:
+        agent: the scripted agent whose ``user_plan`` is the user task's ground truth.
+        manifest: the suite's manifest (targets compared normalised); None: arguments only.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> from icml26.air.core.records import ToolCall
+        >>> user = ScriptedUser(NS(user_plan=[NS(function="send_money", args={"recipient": "CH93", "amount": 5})]))
+        >>> user(ToolCall("send_money", {"recipient": "CH93", "amount": 5})), user(ToolCall("send_money", {}))
+        (True, False)
+    """
+
+    def __init__(self, agent: Any, manifest: Any = None):
+        self.agent, self.manifest = agent, manifest
+        self.asked = 0
+        self.refused = 0
+
+    def _targets(self, name: str, args: Any) -> set[str]:
+        if self.manifest is None:
+            return set()
+        return set(self.manifest.call_fields(name, dict(args))["targets"])
+
+    def __call__(self, call: Any, env: Any = None) -> bool:
+        self.asked += 1
+        key = _key(call.args)
+        mine = self._targets(call.name, call.args)
+        for f in getattr(self.agent, "user_plan", []) or []:
+            if f.function != call.name:
+                continue
+            if _key(f.args) == key or (mine and mine == self._targets(f.function, f.args)):
+                return True
+        self.refused += 1
+        return False
+
+
+@dataclass
+class PreventionResult:
+    """One run of :func:`evaluate_prevention`: a (user task, injection task) pair, or a user task alone
+    (``injection_task`` None: benign)."""
+
+    suite: str
+    user_task: str
+    injection_task: str | None
+    attack_succeeded: bool             # without AIR (AgentDojo's security(); False for a benign run)
+    utility_without: bool
+    attack_succeeded_with_air: bool = False
+    utility_with_air: bool = False
+    interrupted: bool = False          # AIR fired (asked the user, blocked or stopped) during the run with AIR
+    asked: int = 0                     # questions to the user
+    refused: int = 0                   # of which refused
+
+
+def evaluate_prevention(suite_name: str, rules: RuleSet, manifest: Any, *, user_tasks: Sequence[str] | None = None,
+                        injection_tasks: Sequence[str] | None = None,
+                        benign_user_tasks: Sequence[str] | None = None, attack: str = "direct",
+                        ask_user: bool = True) -> tuple[list[PreventionResult], list[PreventionResult]]:
+    """Attack success and utility with and without AIR on every (user task, injection task) pair of ``user_tasks``
+    x ``injection_tasks`` under one AgentDojo ``attack`` (the scripted agent makes the same calls whatever the
+    wording), and every user task of ``benign_user_tasks`` without an injection (benign tasks interrupted).
+
+    Each run with AIR is a fresh first encounter (no eradication). ``ask_user``: AIR's questions go to a
+    :class:`ScriptedUser` (False: nobody is asked; an ``ask_user`` withholds the call).
+
+    Returns:
+        ``(pairs, benign)``: :class:`PreventionResult` rows in task order.
+    """
+    from agentdojo.attacks.attack_registry import load_attack
+    from agentdojo.task_suite.load_suites import get_suite
+
+    if attack not in ATTACKS:
+        raise ValueError(f"attack must be one of {', '.join(ATTACKS)}, got {attack!r}")
+    _fast_yaml()
+    suite = get_suite(BENCHMARK_VERSION, suite_name)
+    order = sorted(suite.user_tasks, key=_task_order)
+    uts = [suite.user_tasks[k] for k in (user_tasks if user_tasks is not None else order)]
+    its = [suite.injection_tasks[k] for k in (injection_tasks if injection_tasks is not None else
+                                              sorted(suite.injection_tasks, key=_task_order))]
+    bens = [suite.user_tasks[k] for k in (benign_user_tasks if benign_user_tasks is not None else order)]
+    agent = ScriptedCompromisedAgent()
+    air = IncidentResponder(rules, DictState(dict), manifest=manifest)
+
+    def with_air(ut: Any, it: Any, inj: dict[str, str], row: PreventionResult) -> None:
+        agent.reset(ut, it)
+        user = ScriptedUser(agent, manifest) if ask_user else None
+        n = len(air.incidents)
+        u1, s1 = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(air, confirm=user)), ut, it, inj)
+        row.utility_with_air, row.attack_succeeded_with_air = bool(u1), bool(s1) if it is not None else False
+        row.interrupted = len(air.incidents) > n
+        row.asked, row.refused = (user.asked, user.refused) if user is not None else (0, 0)
+
+    benign = []
+    for ut in bens:
+        agent.reset(ut, None)
+        u0, _ = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(None)), ut, None, {})
+        row = PreventionResult(suite_name, ut.ID, None, False, bool(u0))
+        with_air(ut, None, {}, row)
+        benign.append(row)
+    att = load_attack(attack, suite, _Named())
+    pairs = []
+    for it in its:
+        for ut in uts:
+            inj = att.attack(ut, it)
+            agent.reset(ut, it)
+            u0, s0 = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(None)), ut, it, inj)
+            row = PreventionResult(suite_name, ut.ID, it.ID, bool(s0), bool(u0))
+            with_air(ut, it, inj, row)
+            pairs.append(row)
+    return pairs, benign
+
+
+def summarize_prevention(pairs: Sequence[PreventionResult], benign: Sequence[PreventionResult]) -> dict[str, float]:
+    """Rates of :func:`evaluate_prevention`: ``attack_success_without_air`` / ``_with_air`` over every pair,
+    ``attack_goal_reached_with_air`` over the pairs whose attack succeeds without AIR, ``utility_*_under_attack``
+    over every pair, ``benign_interrupted`` and ``benign_utility_*`` over the benign user tasks, and the questions
+    to the user per run (``asks_per_benign_task``, ``asks_per_pair``).
+
+    Example:
+        >>> r = PreventionResult("s", "u", "i", True, True, False, True, True, 1, 1)
+        >>> summarize_prevention([r], [PreventionResult("s", "u", None, False, True, False, True)])["attack_success_with_air"]
+        0.0
+    """
+    def rate(rows: Sequence[Any], attr: str) -> float:
+        return sum(bool(getattr(r, attr)) for r in rows) / len(rows) if rows else float("nan")
+
+    hit = [r for r in pairs if r.attack_succeeded]
+    out = {"pairs": float(len(pairs)), "attacks_succeeded": float(len(hit)),
+           "attack_success_without_air": rate(pairs, "attack_succeeded"),
+           "attack_success_with_air": rate(pairs, "attack_succeeded_with_air"),
+           "attack_goal_reached_with_air": rate(hit, "attack_succeeded_with_air"),
+           "utility_without_air_under_attack": rate(pairs, "utility_without"),
+           "utility_with_air_under_attack": rate(pairs, "utility_with_air"),
+           "benign_tasks": float(len(benign)), "benign_interrupted": rate(benign, "interrupted"),
+           "benign_utility_without_air": rate(benign, "utility_without"),
+           "benign_utility_with_air": rate(benign, "utility_with_air"),
+           "asks_per_benign_task": sum(r.asked for r in benign) / len(benign) if benign else float("nan"),
+           "asks_per_pair": sum(r.asked for r in pairs) / len(pairs) if pairs else float("nan")}
+    return {k: v for k, v in out.items() if v == v}
