@@ -246,3 +246,31 @@ def test_prevention_metrics_rows_per_suite_and_injection_task(monkeypatch):
     assert row["attack_success_without_air/injection_task_1"] == 0.5
     assert row["attack_success_with_air/injection_task_1"] == 0.0
     assert out["dojo_prevent"]["attack_success_with_air"] == 0.25
+
+
+@pytest.mark.parametrize("injection_task", [f"injection_task_{i}" for i in range(6, 14)])
+def test_workspace_goals_without_ground_truth_succeed_without_air(injection_task):
+    """AgentDojo v1.2.1 ships workspace injection tasks 6-13 with ``ground_truth() == []``; the scripted agent's
+    own plans (worlds.agentdojo.INJECTION_PLANS) reach each goal by AgentDojo's own security() check, and the
+    prevention posture stops the exfiltration ones."""
+    pytest.importorskip("agentdojo")
+    from icml26.air.policy.prevention import AGENTDOJO_PREVENT
+    from icml26.air.worlds.agentdojo import evaluate_prevention
+
+    (p,), _ = evaluate_prevention("workspace", builtin_rules("prevent_generic"), AGENTDOJO_PREVENT["workspace"],
+                                  user_tasks=["user_task_0"], injection_tasks=[injection_task], benign_user_tasks=[])
+    assert p.attack_succeeded
+    if injection_task != "injection_task_13":
+        assert not p.attack_succeeded_with_air
+
+
+def test_output_goal_is_said_in_the_final_answer():
+    """Travel injection task 6's goal is what the agent says (no calls): the following agent says it; AgentDojo's
+    security() reads the final answer."""
+    pytest.importorskip("agentdojo")
+    from icml26.air.policy.prevention import AGENTDOJO_PREVENT
+    from icml26.air.worlds.agentdojo import evaluate_prevention
+
+    (p,), _ = evaluate_prevention("travel", builtin_rules("prevent_generic"), AGENTDOJO_PREVENT["travel"],
+                                  user_tasks=["user_task_0"], injection_tasks=["injection_task_6"], benign_user_tasks=[])
+    assert p.attack_succeeded and p.utility_without
