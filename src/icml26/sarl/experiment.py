@@ -441,18 +441,24 @@ def run(cfg: Config) -> SeedRun:
     return SeedRun(metrics, series=series, notes=notes, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
+def _plot_learning_curves(axis: Any, val: dict[str, list], baseline_label: str) -> None:
+    """Validation success against agent-samples for every learned arm on ``axis``, ``greedy_kss`` (no training) as
+    a dashed line labelled ``baseline_label``."""
+    for name, curve in val.items():
+        if name == "greedy_kss":
+            axis.axhline(curve[0][1], color="k", ls="--", lw=1, label=baseline_label)
+        elif curve:
+            axis.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
+    axis.set_xlabel("agent-samples")
+    axis.set_ylabel("validation success (N = 20)")
+
+
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
     """Rollout reward and validation success (the learning curves) against agent-samples (first seed); success and
     conflict-free share against N per arm (generalisation across aircraft counts)."""
     fig, (ax, vx, bx, cx) = new_figure(1, 4, figsize=(18, 3.8))
     val = runs[0].series.get("val_curves", {})
-    for name, curve in val.items():
-        if name == "greedy_kss":
-            vx.axhline(curve[0][1], color="k", ls="--", lw=1, label="greedy_kss")
-        elif curve:
-            vx.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
-    vx.set_xlabel("agent-samples")
-    vx.set_ylabel("validation success (N = 20)")
+    _plot_learning_curves(vx, val, "greedy_kss")
     if val:
         vx.legend(fontsize=7)
     else:
@@ -480,13 +486,7 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     paths = [save_figure(fig, out_dir / f"{result['mode']}_sarl.png")]
     # the learning curves alone (README, "Training budget"): validation success against agent-samples
     fig, lx = new_figure(1, 1, figsize=(6, 4))
-    for name, curve in val.items():
-        if name == "greedy_kss":
-            lx.axhline(curve[0][1], color="k", ls="--", lw=1, label="greedy_kss (no training)")
-        elif curve:
-            lx.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
-    lx.set_xlabel("agent-samples")
-    lx.set_ylabel("validation success (N = 20)")
+    _plot_learning_curves(lx, val, "greedy_kss (no training)")
     lx.set_title(f"learning curves, {result['mode']} (first seed)", fontsize=9)
     if val:
         lx.legend(fontsize=7)
