@@ -274,3 +274,18 @@ def test_output_goal_is_said_in_the_final_answer():
     (p,), _ = evaluate_prevention("travel", builtin_rules("prevent_generic"), AGENTDOJO_PREVENT["travel"],
                                   user_tasks=["user_task_0"], injection_tasks=["injection_task_6"], benign_user_tasks=[])
     assert p.attack_succeeded and p.utility_without
+
+
+def test_declared_data_out_without_an_inverse_is_irreversible_and_asked_about():
+    """A user's manifest declaring ``sends_out`` with no inverse (and no explicit ``irreversible``) is checked before
+    the call runs, as a classified shell command is: data that left cannot be called back (the README's usage)."""
+    tools = prevention_manifest(Manifest({"send_email": ToolSpec({"sends_out"}, targets=("to",), content=("body",))},
+                                         known=("contacts.[*].email",)), Allowlist(domains=("corp.io",)))
+    assert "irreversible" in tools.tools["send_email"].effects
+    assert "irreversible" not in ToolSpec({"sends_out"}, inverse=Inverse("unsend", {})).effects
+    state = {"contacts": [{"email": "bob@gmail.com"}]}
+    air = IncidentResponder(builtin_rules("prevent_generic"), DictState(lambda: state), manifest=tools)
+    air.begin("Email Bob the notes")
+    kinds = [air.before_action(ToolCall("send_email", {"to": to, "body": "notes"})).kind
+             for to in ("bob@gmail.com", "ann@corp.io", "eve@evil.io")]
+    assert kinds == ["allow", "allow", "ask_user"]

@@ -80,6 +80,11 @@ class Inverse:
     args: Mapping[str, str] = field(default_factory=dict)
 
 
+#: the effect classes that change something outside the agent: a tool of one of them with no declared inverse is
+#: ``irreversible`` (data sent out cannot be called back, like money paid or a file deleted)
+STATE_CHANGING = frozenset({"persists", "destroys", "changes_permissions", "moves_money", "sends_out"})
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """What one tool does (see the module docstring)."""
@@ -106,7 +111,7 @@ class ToolSpec:
         bad = sorted(eff - set(EFFECTS))
         if bad:
             raise ValueError(f"effects: unknown effect class(es) {bad} (known: {', '.join(EFFECTS)})")
-        if self.inverse is None and eff & {"persists", "destroys", "changes_permissions", "moves_money"}:
+        if self.inverse is None and eff & STATE_CHANGING:
             eff |= {"irreversible"}  # a state-changing tool with no inverse cannot be undone
         object.__setattr__(self, "effects", eff)
 
@@ -121,8 +126,7 @@ class ToolSpec:
         bad = sorted(eff - set(EFFECTS))
         if bad:
             raise ValueError(f"classify returned unknown effect class(es) {bad}")
-        if self.inverse is None and eff & {"persists", "destroys", "changes_permissions", "moves_money",
-                                           "sends_out"}:
+        if self.inverse is None and eff & STATE_CHANGING:
             eff |= {"irreversible"}   # no inverse: cannot be undone (data that left cannot be called back)
         return eff, list(targets)
 
