@@ -329,3 +329,22 @@ def test_card_history_sees_a_retrained_declaration():
     kept = _decision({"check": "sft.asr >= 0.8 over prompts in retrained runs"})
     assert plain["units"] == "prompts" and kept["units"] == "prompts in retrained runs"
     assert {k for k in plain if plain[k] != kept[k]} == {"units"}
+
+
+def test_an_arms_block_leads_with_the_named_arms_of_full(tree):
+    """A paper README's ``arms_PREFIX`` block gets the arms named PREFIX (or PREFIX_*) of the full result, is kept
+    fresh by --check, and a prefix naming no arm is a problem."""
+    root, demo = tree
+    readme = demo.folder / "README.md"
+    readme.write_text(readme.read_text().replace("## Results", "<!-- icml26:arms_method:begin -->\n"
+                                                 "<!-- icml26:arms_method:end -->\n\n## Results"))
+    assert update(root, papers=[demo]).problems == []
+    text = readme.read_text()
+    block = text[text.index("arms_method:begin"):text.index("arms_method:end")]
+    assert "_full mode, seeds " in block and "| metric | method |" in block and "baseline" not in block
+    assert update(root, papers=[demo], check=True).ok
+    readme.write_text(text.replace("| metric | method |", "| metric | methods |"))
+    assert not update(root, papers=[demo], check=True).ok                     # a stale block is caught
+    readme.write_text(text.replace("arms_method", "arms_nothing"))
+    out = update(root, papers=[demo], check=True)
+    assert any("arms_nothing names no arm" in p for p in out.problems)
