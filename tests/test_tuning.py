@@ -1,9 +1,12 @@
-"""The per-arm tuning helper: selection by hand, the edge flag, ties, draws, call order and bad input."""
+"""The per-arm tuning helper: selection by hand, the edge flag, ties, draws, call order and bad input; and the
+bracketed grid search (``common.bracketing``) that extends past an edge choice."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from icml26.common.bracketing import tune_bracketed
 from icml26.common.tuning import Rule, select, tune_per_arm
 
 
@@ -69,3 +72,38 @@ def test_ties_go_to_the_stated_side_and_single_value_is_not_an_edge():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_tune_bracketed_by_hand():
+    """Validation scores peaked at a known rate: an interior choice needs no extension; a choice on the low edge
+    adds values below it (the grid's first ratio, 10/3: 9e-5, then 2.7e-5) until it is inside or the extensions run out (then flagged); the
+    high edge extends upwards; equal scores go to the smaller rate. The artifact is the chosen rate's."""
+    calls: list[float] = []
+
+    def peaked(at):
+        def score(lr):
+            calls.append(lr)
+            return -abs(np.log(lr / at)), f"pol@{lr:.3g}"
+
+        return score
+
+    rec, art = tune_bracketed((3e-4, 1e-3, 3e-3), peaked(1e-3), extend=1)
+    assert rec["chosen"] == 1e-3 and not rec["at_edge"] and art == "pol@0.001" and len(calls) == 3
+    rec, art = tune_bracketed((3e-4, 1e-3, 3e-3), peaked(5e-5), extend=1)
+    np.testing.assert_allclose(rec["grid"], [9e-5, 3e-4, 1e-3, 3e-3])
+    assert rec["chosen"] == pytest.approx(9e-5) and rec["at_edge"] and art == "pol@9e-05"
+    rec, _ = tune_bracketed((3e-4, 1e-3, 3e-3), peaked(1e-4), extend=2)
+    np.testing.assert_allclose(rec["grid"], [2.7e-5, 9e-5, 3e-4, 1e-3, 3e-3])
+    assert rec["chosen"] == pytest.approx(9e-5) and not rec["at_edge"]
+    rec, _ = tune_bracketed((3e-4, 1e-3, 3e-3), peaked(3e-2), extend=1)
+    np.testing.assert_allclose(rec["grid"], [3e-4, 1e-3, 3e-3, 1e-2])
+    assert rec["chosen"] == pytest.approx(1e-2) and rec["at_edge"]
+    rec, _ = tune_bracketed((3e-4, 1e-3, 3e-3), lambda lr: (0.5, None), extend=0)
+    assert rec["chosen"] == 3e-4 and rec["at_edge"] and rec["scores"] == [0.5, 0.5, 0.5]
+    for bad in ((1e-3,), (1e-3, 1e-4), (0.0, 1e-3)):
+        with pytest.raises(ValueError, match="grid"):
+            tune_bracketed(bad, peaked(1e-3), extend=1)
+    with pytest.raises(ValueError, match="extend"):
+        tune_bracketed((1e-3, 3e-3), peaked(1e-3), extend=-1)
+    with pytest.raises(ValueError, match="NaN"):
+        tune_bracketed((1e-3, 3e-3), lambda lr: (float("nan"), None), extend=0)

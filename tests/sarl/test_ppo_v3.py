@@ -230,38 +230,6 @@ def test_training_with_a_separate_critic_trains_it_and_leaves_the_policys_value_
         train(pol, "knn", make, PPOConfig(n_envs=2, rollout=8), total_agent_steps=1, critic=critic)
 
 
-def test_tune_lr_by_hand():
-    """Validation scores peaked at a known rate: an interior choice needs no extension; a choice on the low edge
-    adds rates below it (the grid's first ratio, 10/3: 9e-5, then 2.7e-5) until it is inside or the extensions run out (then flagged); the
-    high edge extends upwards; equal scores go to the smaller rate. The artifact is the chosen rate's."""
-    from icml26.sarl.experiment import tune_lr
-
-    calls: list[float] = []
-
-    def peaked(at):
-        def score(lr):
-            calls.append(lr)
-            return -abs(np.log(lr / at)), f"pol@{lr:.3g}"
-
-        return score
-
-    rec, art = tune_lr((3e-4, 1e-3, 3e-3), peaked(1e-3), extend=1)
-    assert rec["chosen"] == 1e-3 and not rec["at_edge"] and art == "pol@0.001" and len(calls) == 3
-    rec, art = tune_lr((3e-4, 1e-3, 3e-3), peaked(5e-5), extend=1)
-    np.testing.assert_allclose(rec["grid"], [9e-5, 3e-4, 1e-3, 3e-3])
-    assert rec["chosen"] == pytest.approx(9e-5) and rec["at_edge"] and art == "pol@9e-05"
-    rec, _ = tune_lr((3e-4, 1e-3, 3e-3), peaked(1e-4), extend=2)
-    np.testing.assert_allclose(rec["grid"], [2.7e-5, 9e-5, 3e-4, 1e-3, 3e-3])
-    assert rec["chosen"] == pytest.approx(9e-5) and not rec["at_edge"]
-    rec, _ = tune_lr((3e-4, 1e-3, 3e-3), peaked(3e-2), extend=1)
-    np.testing.assert_allclose(rec["grid"], [3e-4, 1e-3, 3e-3, 1e-2])
-    assert rec["chosen"] == pytest.approx(1e-2) and rec["at_edge"]
-    rec, _ = tune_lr((3e-4, 1e-3, 3e-3), lambda lr: (0.5, None), extend=0)
-    assert rec["chosen"] == 3e-4 and rec["at_edge"] and rec["scores"] == [0.5, 0.5, 0.5]
-    with pytest.raises(ValueError, match="grid"):
-        tune_lr((1e-3,), peaked(1e-3), extend=1)
-
-
 def test_run_tunes_every_learned_arm_on_validation_and_records_the_choice(monkeypatch):
     """``lr_grid`` in the experiment (training stubbed out, so every rate scores the same untrained policy): each
     learned arm is trained once per rate, ties go to the smallest, the low-edge choice extends the grid once and is

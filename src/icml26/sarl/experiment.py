@@ -30,7 +30,7 @@ an evaluation scenario among them makes the reproduction refuse the result.
 
 **Tuning** (issue #53): with ``Config.lr_grid`` every learned arm trains once per learning rate from the same
 initial weights and keeps the rate with the highest greedy success on ``tune_episodes`` validation scenarios
-(``tune_lr``; a choice on an edge extends the grid past it, and one still on an edge is flagged); the chosen rate
+(``common.bracketing.tune_bracketed``; a choice on an edge extends the grid past it, and one still on an edge is flagged); the chosen rate
 is in the result (``<arm>.lr``, ``lr_at_edge``, ``lr_val_success``). No preset turns it on yet (README, Deviation
 9). The learning curve's flattened flag per arm (``curve_flattened``, ``CURVE_TOL``) is noted on the headline.
 
@@ -56,9 +56,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..common.bracketing import tune_bracketed
 from ..common.plotting import new_figure, save_figure
 from ..common.results import SeedRun
-from ..common.tuning import Rule, select
 from .env import AirspaceCore
 from .mappo import PPOConfig, evaluate_episodes, fly_straight, greedy_direct, greedy_policy, train
 from .policy import KNNMLPPolicy, SARLPolicy
@@ -237,43 +237,6 @@ def recording(make_core: Callable[[], AirspaceCore], log: list[str]) -> Callable
     return make
 
 
-def tune_lr(
-    grid: tuple[float, ...], score: Callable[[float], tuple[float, Any]], extend: int
-) -> tuple[dict[str, Any], Any]:
-    """Choose a learning rate from ``grid`` (increasing) by ``score(lr) -> (validation score, artifact)``: the
-    highest score, ties to the smaller rate. While the choice is on an edge of the grid, and at most ``extend``
-    times, one more rate past that edge (the grid's first ratio) is scored and the choice made again.
-
-    Returns ``({"grid", "scores", "chosen", "at_edge"}, the chosen rate's artifact)``; ``at_edge`` is the final
-    choice's (still on an edge after the extensions).
-
-    Example:
-        >>> rec, art = tune_lr((1e-3, 3e-3, 9e-3), lambda lr: (-abs(lr - 1e-4), lr), extend=2)
-        >>> [round(v, 6) for v in rec["grid"]], round(rec["chosen"], 6), rec["at_edge"]
-        ([0.000111, 0.000333, 0.001, 0.003, 0.009], 0.000111, True)
-    """
-    if len(grid) < 2:
-        raise ValueError(f"grid needs at least two learning rates, got {grid!r}")
-    values = [float(v) for v in grid]
-    got = [score(v) for v in values]
-    scores, arts = [g[0] for g in got], [g[1] for g in got]
-    ratio = values[1] / values[0]
-    for k in range(extend + 1):
-        chosen, at_edge = select(values, scores, Rule(maximize=True, ties="first"))
-        if not at_edge or k == extend:
-            break
-        # on an edge: one more rate past it
-        low = values.index(chosen) == 0
-        lr = chosen / ratio if low else chosen * ratio
-        s, art = score(lr)
-        at = 0 if low else len(values)
-        values.insert(at, lr)
-        scores.insert(at, float(s))
-        arts.insert(at, art)
-    i = values.index(chosen)
-    return {"grid": values, "scores": scores, "chosen": chosen, "at_edge": at_edge}, arts[i]
-
-
 def run(cfg: Config) -> SeedRun:
     """One seed: train the learned methods on equal budgets, evaluate everything at every scale."""
     if cfg.budget < 1 or not cfg.train_sizes:
@@ -354,7 +317,7 @@ def run(cfg: Config) -> SeedRun:
                 eps = evaluate_episodes(act, tune_core, episode_seeds=tune_seeds, shield_eval=shielded)
                 return float(np.mean([e["success"] for e in eps])), (pol, hist, points)
 
-            tuned[name], (policy, hist, points) = tune_lr(cfg.lr_grid, score, cfg.lr_extend)
+            tuned[name], (policy, hist, points) = tune_bracketed(cfg.lr_grid, score, cfg.lr_extend)
             methods[name] = (policy, kind, shielded)
         curves[name] = [(h["agent_steps"], h["reward"]) for h in hist]
         if with_curve:
