@@ -239,7 +239,8 @@ def test_prevention_metrics_rows_per_suite_and_injection_task(monkeypatch):
         out = experiment.dojo_prevention_metrics(("banking",))
     finally:
         experiment.dojo_prevention_metrics.cache_clear()
-    assert set(out) == {"dojo_prevent_banking", "dojo_prevent", "dojo_detect_banking", "dojo_detect"}
+    assert set(out) == {"dojo_prevent_banking", "dojo_prevent", "dojo_detect_banking", "dojo_detect",
+                        "dojo_ask_all_banking", "dojo_ask_all"}
     row = out["dojo_prevent_banking"]
     assert row["attack_success_without_air/injection_task_0"] == 1.0
     assert row["attack_success_with_air/injection_task_0"] == 0.5
@@ -289,3 +290,18 @@ def test_declared_data_out_without_an_inverse_is_irreversible_and_asked_about():
     kinds = [air.before_action(ToolCall("send_email", {"to": to, "body": "notes"})).kind
              for to in ("bob@gmail.com", "ann@corp.io", "eve@evil.io")]
     assert kinds == ["allow", "allow", "ask_user"]
+
+
+def test_the_trivial_arm_asks_about_every_irreversible_call_and_classify_is_checked():
+    """``rules/ask_irreversible.air`` (the trivial arm beside the posture) asks before every irreversible call,
+    even one the task asked for to a known party; a ``classify`` returning an unknown effect class is refused."""
+    call = ToolCall("send_money", {"recipient": "CH93 0076 2011 6238 5295 7"})        # a known payee, asked for
+    assert _decide("Transfer the deposit", call) == "allow"                             # the posture lets it run
+    state = {"contacts": {"Bob": "ch9300762011623852957"}, "tx": [], "payee": "x", "files": []}
+    air = IncidentResponder(builtin_rules("ask_irreversible"), DictState(lambda: state), manifest=_bank())
+    air.begin("Transfer the deposit")
+    assert air.before_action(call).kind == "ask_user"
+    assert air.before_action(ToolCall("read_file", {"path": "a"})).kind == "allow"
+    bad = ToolSpec({"reads"}, classify=lambda args: ({"teleports"}, []))
+    with pytest.raises(ValueError, match="classify's effects: unknown effect class"):
+        bad.call_effects({})

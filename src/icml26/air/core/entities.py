@@ -30,6 +30,20 @@ _ENTITY = (
     r"(?:/[^\s,;]*)?)|(?i:\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){2,7}(?: ?[0-9a-z]{1,4})?\b)"
 )
 MAX_ENTITY_SCAN = 1_000_000
+#: an account number (IBAN-like) as :func:`entities` returns it: two letters, two digits, 8-30 letters or digits
+ACCOUNT = re.compile(r"[a-z]{2}\d{2}[0-9a-z]{8,30}")
+
+
+def compact_account(value: str) -> str:
+    """``value`` without its spaces when it is an account number written in groups (``ch93 0076 2011 ...``, the
+    form :func:`entities` returns), else ``value`` unchanged (a normalised string).
+
+    Example:
+        >>> compact_account("ch93 0076 2011 6238 5295 7"), compact_account("bob smith")
+        ('ch9300762011623852957', 'bob smith')
+    """
+    joined = value.replace(" ", "")
+    return joined if ACCOUNT.fullmatch(joined) else value
 # issue #49 items 1 and 5: network addresses and reversed e-mail addresses, beside the entities above.
 # An IPv4 address is four dot-separated decimal numbers of 0-255 that are not part of a longer dotted number
 # ("1.2.3.4.5") or of a word ("v1.2.3.4"), and not right after a version word ("version 1.2.3.4", "release", "build",

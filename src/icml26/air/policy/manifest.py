@@ -107,13 +107,7 @@ class ToolSpec:
             undeclared = sorted((set(self.targets) | set(self.content)) - set(self.args))
             if undeclared:
                 raise ValueError(f"targets/content name argument(s) {undeclared} not among args {list(self.args)}")
-        eff = frozenset(self.effects)
-        bad = sorted(eff - set(EFFECTS))
-        if bad:
-            raise ValueError(f"effects: unknown effect class(es) {bad} (known: {', '.join(EFFECTS)})")
-        if self.inverse is None and eff & STATE_CHANGING:
-            eff |= {"irreversible"}  # a state-changing tool with no inverse cannot be undone
-        object.__setattr__(self, "effects", eff)
+        object.__setattr__(self, "effects", self._checked(self.effects, "effects"))
 
     def call_effects(self, args: Mapping[str, Any]) -> tuple[frozenset[str], list[Any]]:
         """The effect classes and raw target values of one call: ``classify(args)`` when declared (with
@@ -122,13 +116,18 @@ class ToolSpec:
         if self.classify is None:
             return frozenset(self.effects), [v for a in self.targets for v in _flat(args.get(a))]
         eff, targets = self.classify(args)
-        eff = frozenset(eff)
+        return self._checked(eff, "classify's effects"), list(targets)
+
+    def _checked(self, effects: Iterable[str], what: str) -> frozenset[str]:
+        """``effects`` as a frozenset of known classes, with ``irreversible`` added when one changes something
+        (:data:`STATE_CHANGING`) and the tool declares no inverse."""
+        eff = frozenset(effects)
         bad = sorted(eff - set(EFFECTS))
         if bad:
-            raise ValueError(f"classify returned unknown effect class(es) {bad}")
+            raise ValueError(f"{what}: unknown effect class(es) {bad} (known: {', '.join(EFFECTS)})")
         if self.inverse is None and eff & STATE_CHANGING:
-            eff |= {"irreversible"}   # no inverse: cannot be undone (data that left cannot be called back)
-        return eff, list(targets)
+            eff |= {"irreversible"}  # no inverse: cannot be undone (data that left cannot be called back)
+        return eff
 
 
 class Manifest:

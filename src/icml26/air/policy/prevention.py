@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..core.entities import entities
+from ..core.entities import compact_account, entities
 from ..core.text import normalize
 from ..dsl.registry import predicate
 from .manifest import AGENTDOJO, EMBEDDED, Manifest, ToolSpec
@@ -107,7 +107,7 @@ def known_party(value: Any, task: Any, known: Any, vouched: Any = ()) -> bool:
         return True
     pool = {normalize(k) for src in (known, vouched) if isinstance(src, Iterable) and not isinstance(src, str)
             for k in src if isinstance(k, str)}
-    if v in pool or (" " in v and v.replace(" ", "") in {p.replace(" ", "") for p in pool}):   # spaced accounts
+    if v in pool or compact_account(v) in {compact_account(p) for p in pool}:     # accounts written in groups
         return True
     d = _domain(v)
     return d is not None and any(d == p or d.endswith("." + p) for p in pool if "@" not in p and "." in p)
@@ -157,12 +157,7 @@ class Allowlist:
 
     def parties(self) -> tuple[str, ...]:
         """The domains and accounts normalised (an account number written in groups without its spaces)."""
-        return tuple(_compact(normalize(x)) for x in (*self.domains, *self.accounts))
-
-
-def _compact(x: str) -> str:
-    y = x.replace(" ", "")
-    return y if re.fullmatch(r"[a-z]{2}\d{2}[0-9a-z]{8,30}", y) else x
+        return tuple(compact_account(normalize(x)) for x in (*self.domains, *self.accounts))
 
 
 def load_allowlist(path: str | Path) -> Allowlist:

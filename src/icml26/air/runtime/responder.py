@@ -49,7 +49,6 @@ import functools
 import itertools
 import operator
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -57,7 +56,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.entities import ScanLimits, scan_output
+from ..core.entities import ACCOUNT, ScanLimits, scan_output
 from ..core.errors import CheckError, RuleSyntaxError
 from ..core.records import Decision, Incident, ToolCall, TraceStep, plain, safe_json, safe_str
 from ..core.text import NormalizedStrings
@@ -879,9 +878,6 @@ class _HookClock(threading.local):
         return (_HookClock, ())
 
 
-_ACCOUNT = re.compile(r"[a-z]{2}\d{2}[0-9a-z]{8,30}")
-
-
 def sole_entities(found: set[str]) -> set[str]:
     """The entities of one tool output that are the only one of their kind in it (an address, an account number, a
     link or domain; names and amounts are left out): what a source the user pointed to vouches for as a party in
@@ -896,7 +892,7 @@ def sole_entities(found: set[str]) -> set[str]:
     for x in found:
         if not isinstance(x, str) or " " in x.strip():
             continue
-        kind = ("address" if "@" in x else "account" if _ACCOUNT.fullmatch(x) else "link" if "." in x else None)
+        kind = ("address" if "@" in x else "account" if ACCOUNT.fullmatch(x) else "link" if "." in x else None)
         if kind is not None:
             kinds.setdefault(kind, []).append(x)
     return {xs[0] for xs in kinds.values() if len(xs) == 1}
