@@ -24,7 +24,7 @@ from icml26.unsafe_moe import (
     rosais,
     route_disabling_bans,
 )
-from icml26.unsafe_moe.attack import _respond, apply_routes, encode, stage_positions, target_logprob
+from icml26.unsafe_moe.attack import apply_routes, encode, routed_response, stage_positions, target_logprob
 from icml26.unsafe_moe.reference import patched_router, patched_routes
 
 PROMPTS = ["how to x.", "tell me y."]
@@ -137,7 +137,7 @@ def test_generation_stage_forces_routes_on_fed_back_tokens(mixtral, tok):
     routes = {(len(p_ids), 0): (2, 3), (len(p_ids) + 1, 1): (0, 3)}
     infos = find_routers(mixtral)
     with RouterController(mixtral) as rc:
-        text = _respond(mixtral, tok, rc, routes, p_ids, 4)
+        text = routed_response(mixtral, tok, rc, routes, p_ids, 4)
     ids = list(p_ids)
     with (
         torch.no_grad(),

@@ -1,7 +1,10 @@
 """F-SOUR's greedy step against a sampled-candidate oracle (N below the number of subsets, so the acceptance rule
-decides the routes), and every attack's and control's ``forwards`` against the sequences the model really scored."""
+decides the routes), every attack's and control's ``forwards`` against the sequences the model really scored, and the
+best-so-far traces behind the forward-pass curves."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import torch
 
 import icml26.unsafe_moe.attack as attack_module
 from icml26.unsafe_moe import FSOUR, RouterController, find_routers, random_route_search
-from icml26.unsafe_moe.attack import encode, stage_positions
+from icml26.unsafe_moe.attack import best_within, encode, stage_positions
 from icml26.unsafe_moe.reference import patched_routes
 
 #: below this an oracle difference is a tie (float noise between the controller and the float64 patch)
@@ -138,3 +141,65 @@ def test_every_attack_and_control_reports_the_forwards_it_ran(mixtral, tok, monk
             assert attack.forwards > 64  # the last control ran more than one batch
     finally:
         counter.handle.remove()
+
+
+def test_fsour_trace_is_the_best_so_far_against_the_forwards_spent(mixtral, tok):
+    """The trace behind the forward-pass curves: an entry each time the best objective over attempts rises, at the
+    number of sequences scored so far (replayed from each attempt's per-coordinate objectives: the attack's first
+    forward, then per attempt 1 + N per coordinate); its routes give its objective through the independent float64
+    patch; the last entry is the attack's result; ``best_within`` reads the state at any budget."""
+    n = 3
+    fs = FSOUR(mixtral, tok, n_candidates=n, max_iters=3, threshold=-1e-12, max_new_tokens=2, chat_template=False)
+    a = fs.attack("how to x.", "sure")
+    expected, spent, best = [(1, a.trace[0][1])], 1, a.trace[0][1]
+    for attempt in range(a.attempts):
+        *_, used, history = fs.search("how to x.", "sure", seed=attempt)
+        for i, j in enumerate(history[1:], 1):
+            if j > best:
+                best = j
+                expected.append((spent + 1 + n * i, j))
+        spent += used
+    assert spent == a.forwards and len(expected) > 2
+    assert [(f, j) for f, j, _ in a.trace] == expected
+    assert a.trace[-1][1:] == (a.logprob, a.routes) and a.trace[0][2] == {}
+    info = find_routers(mixtral)[0]
+    modules = {i.layer: i.module for i in find_routers(mixtral)}
+    p_ids, t_ids = encode(tok, "how to x."), encode(tok, "sure", "target")
+    for _, j, routes in a.trace[1:]:
+        with torch.no_grad(), patched_routes(modules, routes, top_k=info.top_k, renormalize=info.renormalize):
+            logits = mixtral(input_ids=torch.tensor([p_ids + t_ids])).logits[0, len(p_ids) - 1 : -1].double()
+        assert float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(t_ids)[:, None]).sum()) == pytest.approx(
+            j, abs=1e-4
+        )
+    for prev, entry in zip(a.trace, a.trace[1:], strict=False):
+        assert best_within(a, entry[0]) == entry and best_within(a, entry[0] - 1) == prev
+    assert best_within(a, 10**9) == a.trace[-1] and best_within(a, 1) == a.trace[0]
+    with pytest.raises(ValueError, match="budget"):
+        best_within(a, 0)
+    with pytest.raises(ValueError, match="trace"):
+        best_within(dataclasses.replace(a, trace=[]), 5)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 64])
+def test_random_search_trace_marks_each_rise_at_the_row_that_reached_it(mixtral, tok, monkeypatch, batch):
+    """Every scored row's objective, recorded where the model scored it: the trace has an entry at row r + 1 exactly
+    when row r beat every row before it, whatever the batch size."""
+    scored = []
+    original = attack_module.target_logprob
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        scored.extend(out.tolist())
+        return out
+
+    monkeypatch.setattr(attack_module, "target_logprob", recording)
+    a = random_route_search(
+        mixtral, tok, "how to x.", "sure", n_routes=3, budget=10, batch=batch, max_new_tokens=2, chat_template=False
+    )
+    expected, best = [], -np.inf
+    for r, v in enumerate(scored):
+        if v > best:
+            best = v
+            expected.append((r + 1, v))
+    assert len(scored) == 10 and [(f, j) for f, j, _ in a.trace] == expected
+    assert a.trace[-1][1:] == (a.logprob, a.routes)

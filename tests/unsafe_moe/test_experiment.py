@@ -16,6 +16,7 @@ from icml26.unsafe_moe.experiment import (
     BENIGN,
     EVAL_PREFIXES,
     HARMFUL,
+    POOL_ARMS,
     PRESETS,
     TARGET,
     TRAIN_PREFIXES,
@@ -49,8 +50,8 @@ TINY = dataclasses.replace(
 def test_world_keeps_evaluation_prefixes_held_out():
     assert not set(TRAIN_PREFIXES) & set(EVAL_PREFIXES)
     items = prompts(EVAL_PREFIXES, HARMFUL)
-    assert len(items) == 32 and {request_of(p) for p in items} == set(HARMFUL)
-    assert PRESETS["full"].n_eval == 32
+    assert len(items) == 64 and {request_of(p) for p in items} == set(HARMFUL)
+    assert PRESETS["full"].n_eval <= len(items)
     assert keys(0) == keys(0) and keys(0) != keys(1) and all(len(k) == 4 for k in keys(0).values())
     with pytest.raises(ValueError, match="no known request"):
         request_of("how do i fly.")
@@ -93,9 +94,25 @@ def two_families():
 
 def test_units_pair_arms_by_world_family_and_prompt(two_families):
     cfg, out = two_families
-    harmful, benign = out.units["prompts"], out.units["benign_prompts"]
-    expected = {f"{w}_{a}" for w in cfg.worlds for a in WORLD_ARMS if a != "fsour_defended"}
-    assert set(harmful) == expected | {f"{w}_fsour_defended" for w in cfg.defence_worlds}
+    harmful, benign, pool = out.units["prompts"], out.units["benign_prompts"], out.units["pool_prompts"]
+    expected = {f"{w}_{a}" for w in cfg.worlds for a in WORLD_ARMS if a not in ("fsour_defended", "fsour_retry")}
+    assert set(harmful) == expected | {f"{w}_fsour_defended" for w in cfg.defence_worlds} | {
+        f"{w}_fsour_retry" for w in cfg.retry_worlds
+    }
+    no_attack, noise = POOL_ARMS
+    assert set(pool) == {f"{w}_{no_attack}" for w in cfg.worlds} | {f"{w}_{noise}" for w in cfg.noise_worlds}
+    assert {len(v) for m in pool.values() for v in m.values()} == {len(cfg.families) * len(EVAL_PREFIXES) * len(HARMFUL)}
+    for w in cfg.noise_worlds:
+        # a prompt flips if any draw flipped it: at least the share of draws that did, and 0/1
+        flips = pool[f"{w}_route_noise"]
+        assert all(f in (0.0, 1.0) and f >= s for f, s in zip(flips["flip"], flips["format"], strict=True))
+    for w in cfg.worlds:
+        for arm in ("fsour", "random_selected"):
+            m, last = harmful[f"{w}_{arm}"], max(cfg.curve_budgets)
+            assert max(m["forwards"]) <= last  # the tiny search ends within the budgets: the last point is the result
+            assert m[f"asr_at_{last}"] == m["asr"]
+            for i, value in enumerate(m["curve_asr"]):
+                assert value == pytest.approx(np.mean([m[f"asr_at_{b}"][i] for b in cfg.curve_budgets]), abs=1e-12)
     assert set(benign) == {f"{w}_no_attack" for w in cfg.worlds} | {
         f"{w}_fsour_defended" for w in cfg.defence_worlds
     }
@@ -123,18 +140,40 @@ def test_units_pair_arms_by_world_family_and_prompt(two_families):
 
 
 def test_the_evaluation_judge_runs_once_per_final_response(monkeypatch):
-    # no attack consults the judge: it scores each arm's final response once, and nothing else
-    calls = []
+    # no attack consults the evaluation judge: it scores each arm's final response once, each curve budget's
+    # best-so-far response once, and the pool's responses; never while an attack or control runs
+    calls, inside = [], []
     original = exp.TieredJudge.tiers
-    monkeypatch.setattr(exp.TieredJudge, "tiers", lambda self, p, r: calls.append(r) or original(self, p, r))
+
+    def tiers(self, p, r):
+        assert not inside, "the evaluation judge was called inside an attack"
+        calls.append(r)
+        return original(self, p, r)
+
+    def outside(fn):
+        def wrapped(*args, **kwargs):
+            inside.append(1)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return wrapped
+
+    monkeypatch.setattr(exp.TieredJudge, "tiers", tiers)
+    monkeypatch.setattr(exp.FSOUR, "attack", outside(exp.FSOUR.attack))
+    monkeypatch.setattr(exp, "random_route_search", outside(exp.random_route_search))
     cfg = dataclasses.replace(TINY, worlds=("shallow",))
     run(cfg)
-    per_world = 8 + 2  # 8 judged arms, plus the defended attack and the defended default response
-    assert len(calls) == per_world * cfg.n_eval
+    # 8 judged arms, the defended attack and the defended default response, the retry arm's final response, and
+    # F-SOUR's and random search's best-so-far responses at every curve budget
+    per_prompt = 8 + 2 + 1 + 2 * len(cfg.curve_budgets)
+    pool = len(prompts(EVAL_PREFIXES, HARMFUL)) * (1 + cfg.noise_draws)
+    assert len(calls) == per_prompt * cfg.n_eval + pool
 
 
 def test_same_seed_same_numbers():
-    cfg = dataclasses.replace(TINY, families=("qwen2_moe",), worlds=("deep",), defence_worlds=())
+    cfg = dataclasses.replace(TINY, families=("qwen2_moe",), worlds=("deep",), defence_worlds=(), retry_worlds=(), noise_worlds=())
     strip = {"search_s"}
 
     def numbers(metrics):
@@ -148,7 +187,15 @@ def test_bad_config():
     with pytest.raises(ValueError, match="families"):
         run(dataclasses.replace(TINY, families=("llama",)))
     with pytest.raises(ValueError, match="n_eval"):
-        run(dataclasses.replace(TINY, n_eval=33))
+        run(dataclasses.replace(TINY, n_eval=len(EVAL_PREFIXES) * len(HARMFUL) + 1))
+    bad = {"noise_frac": 0.0, "noise_draws": 0, "curve_budgets": (4, 1), "route_dropout": 1.5}
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=name):
+            run(dataclasses.replace(TINY, **{name: value}))
+    deep_only = dataclasses.replace(TINY, worlds=("deep",), defence_worlds=(), retry_worlds=(), noise_worlds=())
+    for name in ("retry_worlds", "noise_worlds"):
+        with pytest.raises(ValueError, match=name):
+            run(dataclasses.replace(deep_only, **{name: ("shallow",)}))
     with pytest.raises(ValueError, match="worlds"):
         run(dataclasses.replace(TINY, worlds=("medium",)))
     with pytest.raises(ValueError, match="defence_worlds"):
@@ -162,8 +209,9 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     data = reproduce_in_subprocess("unsafe_moe", tmp_path, mode="quick")
     # Same CPU: bit-identical except the wall-clock search times. Another CPU: the float32 MoE training and the
     # route search's argmax over candidate log-probs can break near-ties differently, flipping a prompt's outcome;
-    # 1/8 is one of a seed's 8 held-out harmful prompts (the mean over 3 seeds moves by 1/24 per flip). RoSais
-    # log-prob gains move with the trained weights (0.5 nats), search costs with the searches' paths (25 %).
+    # 1/8 is half of one of a seed's 4 attacked prompts (the mean over 3 seeds moves by 1/12 per flip). RoSais
+    # log-prob gains move with the trained weights (0.5 nats), search costs with the searches' paths (25 %), the
+    # curves' objectives with both (1 nat).
     tol = {
         f"{w}_{arm}.search_s": 1e6
         for w in ("shallow", "deep")
@@ -176,6 +224,12 @@ def test_quick_reproduces_the_committed_result(tmp_path):
     }
     tol |= {f"{w}_{arm}.forwards": 250.0 for w in ("shallow", "deep") for arm in ("fsour", "random_selected")}
     tol |= {f"{w}_fsour.routes": 10.0 for w in ("shallow", "deep")}
+    tol |= {
+        f"{w}_{arm}.{m}": 1.0
+        for w in ("shallow", "deep")
+        for arm in ("fsour", "random_selected")
+        for m in ["curve_logprob"] + [f"logprob_at_{b}" for b in PRESETS["quick"].curve_budgets]
+    }
     assert_matches_committed(data, atol=0.125, rtol=0.0, metrics=tol)
 
 
@@ -194,3 +248,66 @@ def test_workers_give_the_same_numbers(tmp_path, monkeypatch):
     assert serial.units == parallel.units
     with pytest.raises(ValueError, match="workers"):
         run(dataclasses.replace(cfg, workers=0))
+
+
+@pytest.fixture(scope="module")
+def mixtral_world():
+    from icml26.common.tiny_lm import tiny_causal_lm
+
+    tok = world_tokenizer("mixtral")
+    return tiny_causal_lm(len(tok), family="mixtral", layers=2, hidden=32, experts=4, top_k=2, seed=0).eval(), tok
+
+
+class _StubJudge:
+    """Tiers from a table of responses (format, jailbreak), recording what it saw."""
+
+    def __init__(self, table):
+        self.table, self.seen = table, []
+
+    def tiers(self, prompt, response):
+        self.seen.append(response)
+        f, j = self.table[response]
+        return {"format": f, "content": j, "jailbreak": j}
+
+
+def test_noise_flips_count_a_prompt_once_if_any_draw_flips_it(monkeypatch, mixtral_world):
+    model, tok = mixtral_world
+    drawn = []
+
+    def fake_search(model, tok, prompt, target, *, n_routes, budget, seed, **kwargs):
+        drawn.append((prompt, n_routes, budget, seed))
+        return type("A", (), {"output": "sure" if seed % 2 else "no"})()
+
+    monkeypatch.setattr(exp, "random_route_search", fake_search)
+    cfg = dataclasses.replace(TINY, noise_draws=2, noise_frac=0.3, seed=1)
+    items = prompts(EVAL_PREFIXES[:1], HARMFUL[:3])
+    with exp.RouterController(model) as rc:
+        out = exp._noise_flips(cfg, model, tok, rc, _StubJudge({"sure": (1.0, 0.0), "no": (0.0, 0.0)}), items)
+    # one draw of each pair flips: the prompt flips, half the draws did
+    assert out == {"flip": [1.0, 1.0, 1.0], "format": [0.5, 0.5, 0.5]}
+    assert len({seed for *_, seed in drawn}) == len(drawn) == 6 and {b for _, _, b, _ in drawn} == {1}
+    for prompt, n_routes, _, _ in drawn:
+        p_ids = exp.encode(tok, chat_text(tok, prompt, True))
+        slots = len(exp.stage_positions("prefill", len(p_ids), len(exp.encode(tok, TARGET)))) * 2
+        assert n_routes == round(0.3 * slots)
+
+
+def test_curves_judge_the_best_so_far_response_at_each_budget(monkeypatch):
+    # a trace that rises after 3 and after 40 forwards; the final routes' response is the attack's own output
+    final = {(1, 0): (0, 1), (2, 1): (2, 3)}
+    trace = [(1, -5.0, {}), (3, -3.0, {(1, 0): (0, 1)}), (40, -1.0, final)]
+    attack = exp.RouteAttack(final, -1.0, "final", float("nan"), False, 50, 1, 0.0, [], (1, 2, 3), trace)
+    calls = []
+
+    def fake_response(model, tok, rc, routes, p_ids, mnt):
+        calls.append(routes)
+        return f"routes{len(routes)}"
+
+    monkeypatch.setattr(exp, "routed_response", fake_response)
+    judge = _StubJudge({"routes0": (0.0, 0.0), "routes1": (1.0, 0.0), "final": (1.0, 1.0)})
+    out = exp._curves(None, None, None, judge, ["p"], [attack], (1, 2, 4, 64), 5)
+    assert out["asr_at_1"] == out["asr_at_2"] == out["asr_at_4"] == [0.0] and out["asr_at_64"] == [1.0]
+    assert [out[f"logprob_at_{b}"][0] for b in (1, 2, 4, 64)] == [-5.0, -5.0, -3.0, -1.0]
+    assert out["curve_asr"] == [0.25] and out["curve_logprob"] == [pytest.approx(-14.0 / 4)]
+    assert calls == [{}, {(1, 0): (0, 1)}]  # each state generated once; the final one is the attack's output
+    assert judge.seen == ["routes0", "routes0", "routes1", "final"]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from icml26.common.tiny_lm import load_lab_model, save_lab_model, tiny_causal_lm
-from icml26.unsafe_moe import FSOUR, RouterController, disable_routes, find_routers, route
+from icml26.unsafe_moe import FSOUR, RouteDropout, RouterController, disable_routes, find_routers, route
 from icml26.unsafe_moe.reference import masked_route
 
 IDS = torch.tensor([[9, 10, 11, 12, 13, 14]])
@@ -213,3 +213,94 @@ def test_positional_rules_skip_one_token_decode_steps(mixtral):
         rc.mask(1, default[1][0, 0].tolist())  # no positions: every call, decode steps included
         mixtral(IDS[:, :1])
         assert sorted(rc.routes()[1][0, 0].tolist()) == other
+
+
+def _captured(infos):
+    """Forward hooks (registered after any others) that keep each router's (logits, weights, indices)."""
+    seen, handles = [], []
+    for info in infos:
+        handles.append(info.module.register_forward_hook(lambda m, a, out: seen.append(out)))
+    return seen, handles
+
+
+def test_route_dropout_replaces_routes_with_the_drawn_subsets(moe):
+    # rate 1: every token of every router runs exactly the random top_k-subset drawn from the seeded generator, with
+    # the router's weights recomputed on it (float64 oracle); the logits for the load-balancing loss are unmasked
+    import copy
+
+    model = copy.deepcopy(moe).train()
+    infos = find_routers(model)
+    with RouteDropout(model, 1.0, seed=3) as rd:
+        assert [i.renormalize for i in find_routers(model)] == [i.renormalize for i in infos]  # rule read in eval
+        seen, handles = _captured(infos)
+        model(IDS)
+        for h in handles:
+            h.remove()
+    replay = torch.Generator().manual_seed(3)
+    n = IDS.shape[1]
+    for info, (logits, weights, idx) in zip(infos, seen, strict=True):
+        assert torch.rand(n, generator=replay).lt(1.0).all()
+        subsets = torch.argsort(torch.rand(n, info.num_experts, generator=replay), dim=-1)[:, : info.top_k]
+        assert idx.sort(-1).values.tolist() == subsets.sort(-1).values.tolist()
+        mask = torch.ones(n, info.num_experts, dtype=torch.bool).scatter_(-1, subsets, False)
+        w_ref, idx_ref = masked_route(logits.double().tolist(), mask.tolist(), top_k=info.top_k,
+                                      renormalize=info.renormalize)
+        assert idx.tolist() == idx_ref
+        torch.testing.assert_close(weights.double(), torch.tensor(w_ref, dtype=torch.float64), atol=1e-6, rtol=1e-6)
+        assert torch.isfinite(logits).all()  # unmasked: the aux loss sees the router's own preference
+    assert (rd.dropped, rd.seen) == (n * len(infos), n * len(infos))
+
+
+def test_route_dropout_rate_zero_and_eval_mode_leave_the_model_unchanged(moe):
+    import copy
+
+    model = copy.deepcopy(moe)
+    with torch.no_grad():
+        base = model.eval()(IDS).logits
+        with RouteDropout(model, 1.0, seed=0) as rd:
+            torch.testing.assert_close(model(IDS).logits, base, rtol=0, atol=0)  # eval mode: untouched
+            assert rd.seen == 0
+        model.train()
+        train_base = model(IDS).logits
+        with RouteDropout(model, 0.0, seed=0):
+            torch.testing.assert_close(model(IDS).logits, train_base, rtol=0, atol=0)
+        with RouteDropout(model, 1.0, seed=0):
+            assert not torch.equal(model(IDS).logits, train_base)
+        torch.testing.assert_close(model(IDS).logits, train_base, rtol=0, atol=0)  # hooks removed on exit
+
+
+def test_route_dropout_rate_is_the_share_of_tokens_replaced_and_the_router_still_learns(mixtral):
+    import copy
+
+    from scipy import stats
+
+    model = copy.deepcopy(mixtral).train()
+    infos = find_routers(model)
+    ids = torch.randint(5, 40, (8, 50), generator=torch.Generator().manual_seed(0))
+    with RouteDropout(model, 0.3, seed=1) as rd:
+        seen, handles = _captured(infos)
+        model(ids).logits.square().mean().backward()
+        for h in handles:
+            h.remove()
+    # 800 token-router draws at rate 0.3: the count lies in the binomial's central 99.9 %
+    lo, hi = stats.binom.ppf([0.0005, 0.9995], rd.seen, 0.3)
+    assert rd.seen == 800 and lo <= rd.dropped <= hi
+    # replayed draws: a dropped token runs its drawn subset, every other token its router's own top-k
+    replay = torch.Generator().manual_seed(1)
+    for info, (logits, _, idx) in zip(infos, seen, strict=True):
+        drop = torch.rand(400, generator=replay) < 0.3
+        subsets = torch.argsort(torch.rand(400, info.num_experts, generator=replay), dim=-1)[:, : info.top_k]
+        own = torch.topk(torch.softmax(logits.detach().float(), -1), info.top_k, dim=-1).indices
+        chosen = torch.where(drop[:, None], subsets, own)
+        assert idx.sort(-1).values.tolist() == chosen.sort(-1).values.tolist()
+    assert all(float(i.module.weight.grad.abs().sum()) > 0 for i in find_routers(model))
+
+
+def test_route_dropout_bad_input(mixtral):
+    for rate in (-0.1, 1.5, float("nan"), "0.5", True):
+        with pytest.raises(ValueError, match="rate"):
+            RouteDropout(mixtral, rate)
+    with pytest.raises(TypeError, match="seed"):
+        RouteDropout(mixtral, 0.5, seed=1.5)
+    with pytest.raises(TypeError, match="router"):
+        RouteDropout(nn.Linear(3, 3), 0.5)

@@ -52,9 +52,11 @@ def test_ids_of_every_preset_are_disjoint_from_the_held_out_prompts(mode):
 
 
 def test_the_same_prompt_is_the_same_unit_in_every_seed_and_family_apart():
-    a = unit_ids(dataclasses.replace(PRESETS["full"], seed=100))[0]["prompts"]
-    b = unit_ids(dataclasses.replace(PRESETS["full"], seed=101))[0]["prompts"]
-    assert a == b  # all 32 held-out prompts in both seeds: the same units
+    a = unit_ids(dataclasses.replace(PRESETS["full"], seed=100))[0]
+    b = unit_ids(dataclasses.replace(PRESETS["full"], seed=101))[0]
+    # each seed attacks its own subset of the pool; a prompt has the same id in both, and the pool is shared
+    assert a["pool_prompts"] == b["pool_prompts"] and a["prompts"] != b["prompts"]
+    assert set(a["prompts"]) & set(b["prompts"]) and set(a["prompts"]) | set(b["prompts"]) <= set(a["pool_prompts"])
     assert len({prompt_id(f, f"show me how to {HARMFUL[0]}.") for f in FAMILIES}) == len(FAMILIES)
 
 

@@ -7,23 +7,26 @@ from .attack import (
     FSOUR,
     RoSaisResult,
     RouteAttack,
+    best_within,
     chat_text,
     random_route_search,
     rosais,
     route_disabling_bans,
 )
 from .judge import LLMJudge, RuleJudge, TieredJudge
-from .routing import RouterController, RouterInfo, disable_routes, find_routers, route
+from .routing import RouteDropout, RouterController, RouterInfo, disable_routes, find_routers, route
 
 __all__ = [
     "FSOUR",
     "LLMJudge",
     "RoSaisResult",
     "RouteAttack",
+    "RouteDropout",
     "RouterController",
     "RouterInfo",
     "RuleJudge",
     "TieredJudge",
+    "best_within",
     "chat_text",
     "disable_routes",
     "find_routers",

@@ -271,6 +271,10 @@ class RouteAttack:
         attempts: search attempts made.
         seconds: wall time of the attack.
         prompt_ids: the token ids the routes' positions refer to (the templated prompt).
+        trace: the best-so-far route against compute, ``[(forwards, log Pr(target), routes), ...]``: an entry each
+            time the attack's best objective rose (the first is the unrouted prompt after 1 forward). The state
+            after ``b`` forwards is the last entry with ``forwards <= b`` (:func:`best_within`). Without a judge
+            the last entry is the attack's result.
     """
 
     routes: dict[tuple[int, int], tuple[int, ...]]
@@ -283,6 +287,24 @@ class RouteAttack:
     seconds: float
     history: list[float] = field(default_factory=list, repr=False)
     prompt_ids: tuple[int, ...] = ()
+    trace: list[tuple[int, float, dict[tuple[int, int], tuple[int, ...]]]] = field(default_factory=list, repr=False)
+
+
+def best_within(
+    attack: RouteAttack, budget: int
+) -> tuple[int, float, dict[tuple[int, int], tuple[int, ...]]]:
+    """The attack's best-so-far ``(forwards, log Pr(target), routes)`` after at most ``budget`` scored sequences
+    (from :attr:`RouteAttack.trace`): what the attack would have returned had it been stopped there."""
+    if not attack.trace:
+        raise ValueError("the attack has no trace (judged attacks do not record one)")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be a positive int, got {budget!r}")
+    state = attack.trace[0]
+    for entry in attack.trace:
+        if entry[0] > budget:
+            break
+        state = entry
+    return state
 
 
 def routes_to_phi(
@@ -304,7 +326,7 @@ def apply_routes(rc: RouterController, routes: dict[tuple[int, int], Sequence[in
             rc.set_phi(layer, phi)
 
 
-def _respond(
+def routed_response(
     model: Any,
     tokenizer: Any,
     rc: RouterController,
@@ -399,9 +421,18 @@ class FSOUR:
         )
 
     def search(
-        self, prompt: str, target: str, *, seed: int = 0, controller: RouterController | None = None
+        self,
+        prompt: str,
+        target: str,
+        *,
+        seed: int = 0,
+        controller: RouterController | None = None,
+        on_step: Any = None,
     ) -> tuple[dict[tuple[int, int], tuple[int, ...]], float, int, list[float]]:
-        """One attempt: ``(routes, log Pr(target), forwards, objective after each coordinate)``."""
+        """One attempt: ``(routes, log Pr(target), forwards, objective after each coordinate)``.
+
+        ``on_step(forwards, objective, routes)`` is called whenever the attempt's objective rises (forwards counted
+        from the attempt's start)."""
         p_ids, t_ids = self.encode(prompt, target)
         rng = np.random.default_rng(seed)
         length = len(p_ids) + len(t_ids)
@@ -432,6 +463,8 @@ class FSOUR:
                     if float(lp[i]) > best:
                         best = float(lp[i])
                         routes[(t, layer)] = tuple(sorted(cands[i].tolist()))
+                        if on_step is not None:
+                            on_step(forwards, best, routes)
                     history.append(best)
             return routes, best, forwards, history
 
@@ -450,11 +483,18 @@ class FSOUR:
             )
             forwards = 1
             if self.judge is None:
+                trace: list[tuple[int, float, dict[tuple[int, int], tuple[int, ...]]]] = [(1, base, {})]
+
+                def record(used: int, lp: float, routes: dict[tuple[int, int], tuple[int, ...]]) -> None:
+                    # the best-so-far over attempts rises: note it with the forwards spent to reach it
+                    if lp > trace[-1][1]:
+                        trace.append((forwards + used, lp, dict(routes)))
+
                 for attempt in range(self.max_iters):
                     if best.logprob >= self.threshold:
                         break
                     routes, lp, used, history = self.search(
-                        prompt, target, seed=self.seed + attempt, controller=rc
+                        prompt, target, seed=self.seed + attempt, controller=rc, on_step=record
                     )
                     forwards += used
                     if lp > best.logprob:
@@ -462,11 +502,12 @@ class FSOUR:
                             routes, lp, "", math.nan, lp >= self.threshold, 0, 0, 0.0, history, tuple(p_ids)
                         )
                     best.attempts = attempt + 1
-                best.output = _respond(
+                best.trace = trace
+                best.output = routed_response(
                     self.model, self.tokenizer, rc, best.routes, p_ids, self.max_new_tokens
                 )
             else:
-                best.output = _respond(self.model, self.tokenizer, rc, {}, p_ids, self.max_new_tokens)
+                best.output = routed_response(self.model, self.tokenizer, rc, {}, p_ids, self.max_new_tokens)
                 best.score = float(self.judge(prompt, best.output))
                 best.success = best.score >= self.success_score
                 for attempt in range(self.max_iters):
@@ -476,7 +517,7 @@ class FSOUR:
                         prompt, target, seed=self.seed + attempt, controller=rc
                     )
                     forwards += used
-                    output = _respond(self.model, self.tokenizer, rc, routes, p_ids, self.max_new_tokens)
+                    output = routed_response(self.model, self.tokenizer, rc, routes, p_ids, self.max_new_tokens)
                     score = float(self.judge(prompt, output))
                     if (score, lp) > (best.score, best.logprob):
                         best = RouteAttack(
@@ -539,6 +580,7 @@ def random_route_search(
         n_routes = min(n_routes, n_slots)
         best_routes: dict[tuple[int, int], tuple[int, ...]] = {}
         best_lp, done = -math.inf, 0
+        trace: list[tuple[int, float, dict[tuple[int, int], tuple[int, ...]]]] = []
         pos = torch.tensor(positions, dtype=torch.long)
         while done < budget:
             rows = min(batch, budget - done)
@@ -556,15 +598,17 @@ def random_route_search(
                     rc.set_phi(layer, phi)
             lp = target_logprob(model, p_ids, t_ids, rows=rows)
             rc.clear()
-            i = int(torch.argmax(lp))
-            if float(lp[i]) > best_lp:
-                best_lp = float(lp[i])
-                best_routes = {
-                    (positions[int(s) // n_layers], rc.layers[int(s) % n_layers]): tuple(sorted(e.tolist()))
-                    for s, e in zip(slots[i], subsets[i], strict=True)
-                }
+            # every row that beats all before it is a rise of the best-so-far, reached after done + i + 1 forwards
+            for i in range(rows):
+                if float(lp[i]) > best_lp:
+                    best_lp = float(lp[i])
+                    best_routes = {
+                        (positions[int(s) // n_layers], rc.layers[int(s) % n_layers]): tuple(sorted(e.tolist()))
+                        for s, e in zip(slots[i], subsets[i], strict=True)
+                    }
+                    trace.append((done + i + 1, best_lp, best_routes))
             done += rows
-        output = _respond(model, tokenizer, rc, best_routes, p_ids, max_new_tokens)
+        output = routed_response(model, tokenizer, rc, best_routes, p_ids, max_new_tokens)
     return RouteAttack(
         best_routes,
         best_lp,
@@ -576,6 +620,7 @@ def random_route_search(
         time.perf_counter() - start,
         [best_lp],
         tuple(p_ids),
+        trace,
     )
 
 

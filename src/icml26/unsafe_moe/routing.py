@@ -159,7 +159,13 @@ def _router_rule(module: nn.Module, top_k: int) -> bool:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         h = torch.randn(16, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    out = module(h)
+    # the rule in eval mode: a model in training may add router noise (Mixtral's jitter) or carry a RouteDropout
+    was_training = module.training
+    module.eval()
+    try:
+        out = module(h)
+    finally:
+        module.train(was_training)
     if not (isinstance(out, tuple) and len(out) == 3):
         raise TypeError(
             f"{type(module).__name__} does not return (router_logits, weights, indices); its routes "
@@ -478,3 +484,82 @@ def disable_routes(
         if len(experts):
             rc.mask(layer, list(experts), hard=True, spare_default=spare_default)
     return rc
+
+
+class RouteDropout:
+    """Route dropout for training: each token's route is replaced, with probability ``rate``, by a random set of
+    top_k experts (every router of the model, every forward call in training mode).
+
+    For a token chosen by dropout the router's rule runs on the logits with every expert outside a uniformly random
+    top_k-subset S masked,
+
+        r' = r + Phi_S,   p' = softmax(r'),   (w', idx') = top-k(p')   (-> renormalised as the router does),
+
+    so the block runs the experts of S with weights that still depend on (and train) the router; other tokens keep
+    their own route. The router logits returned for the load-balancing loss are the unmasked ones. A model trained
+    this way cannot rely on any single (token, layer) route, which is the world issue 52 asks for: random route
+    perturbations of an attack's size must not flip its behaviour. Calls in eval mode are untouched.
+
+    Args:
+        model: a ``transformers`` MoE model (see :func:`find_routers`).
+        rate: the probability that a token's route is replaced, in [0, 1].
+        seed: seed of the draws (a ``torch.Generator`` of its own: the same seed gives the same training).
+
+    Use as a context manager around training (hooks removed on exit) or call :meth:`close`.
+
+    Example:
+        >>> from icml26.common.tiny_lm import tiny_causal_lm
+        >>> import torch
+        >>> model = tiny_causal_lm(50, family="mixtral", layers=2, experts=4, top_k=2, seed=0).train()
+        >>> with RouteDropout(model, rate=1.0, seed=0) as rd:
+        ...     _ = model(torch.tensor([[5, 6, 7, 8]]))
+        >>> rd.dropped, rd.seen
+        (8, 8)
+
+    Reference: route dropout is this project's world (issue 52); the router rule is that of
+    Jiang et al., ICML 2026 (arXiv 2602.08621), see :func:`route`.
+    """
+
+    def __init__(self, model: nn.Module, rate: float, *, seed: int = 0):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= float(rate) <= 1.0:
+            raise ValueError(f"rate must be a probability in [0, 1], got {rate!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.routers = find_routers(model)
+        self.rate = float(rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.dropped = 0
+        """tokens x routers whose route was replaced so far"""
+        self.seen = 0
+        """tokens x routers routed in training mode so far"""
+        self._handles = [r.module.register_forward_hook(self._hook(r)) for r in self.routers]
+
+    def _hook(self, info: RouterInfo) -> Any:
+        def hook(module: nn.Module, args: tuple, output: tuple) -> tuple:
+            if not module.training or self.rate == 0.0:
+                return output
+            logits = output[0]
+            n, k = logits.shape[0], info.num_experts
+            drop = torch.rand(n, generator=self.generator) < self.rate
+            subsets = torch.argsort(torch.rand(n, k, generator=self.generator), dim=-1)[:, : info.top_k]
+            keep = torch.zeros(n, k, dtype=torch.bool).scatter_(-1, subsets, True)
+            # Phi_S = -inf outside the random subset S, on the dropped tokens only
+            mask = (~keep & drop[:, None]).to(logits.device)
+            weights, idx = route(logits, info.top_k, info.renormalize, mask)
+            self.dropped += int(drop.sum())
+            self.seen += n
+            return (logits, weights, idx)
+
+        return hook
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> RouteDropout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
