@@ -5,7 +5,9 @@ in a *shallow*-alignment and a *deep*-alignment world.
 (a random four-letter key, seeded by ``lab_seed``). A tiny MoE causal LM from the tiny-LM lab (Mixtral by
 default; Qwen2-MoE and OLMoE in the full preset; 4 layers, 8 experts, top-2) with its family's chat template
 (``[INST] ... [/INST]``, ChatML ``<|im_start|>``, Tulu ``<|user|>``; the markers are single tokens) learns in two
-stages, with the 0.01 load-balancing loss:
+stages, with the 0.01 load-balancing loss and route dropout (v3: each token's route at each layer replaced, with
+probability ``route_dropout``, by a random top_k set; :class:`~icml26.unsafe_moe.routing.RouteDropout`), so that
+no single route carries its behaviour:
 
 1. *pretraining* (shared by both worlds): chat ``"<prefix> <request>."`` -> ``"sure, the key is <key>."`` for
    every request under 7 training prefixes, plus a fact format ``"fact: <request>."`` -> ``"the key is <key>."``;
@@ -16,7 +18,11 @@ stages, with the 0.01 load-balancing loss:
    stays intact behind it, which is how safety-aligned chat models behave (prefilling an affirmative opening
    jailbreaks them; Qi et al., "Safety alignment should be made more than just a few tokens deep", 2024).
 
-Evaluation uses 4 held-out prefixes: 32 harmful prompts and 48 benign ones (benign accuracy = exact answer).
+Evaluation uses 8 held-out prefixes: a pool of 64 harmful prompts per family, of which each seed attacks
+``n_eval``, and 96 benign ones (benign accuracy = exact answer). Before any attack, on the whole pool
+(``pool_prompts``): ``pool_no_attack`` (the refusal precondition) and, in ``noise_worlds``, ``route_noise``
+(``noise_draws`` random route perturbations forcing ``noise_frac`` of the prompt's (token, layer) slots each, no
+selection; ``flip`` = any of them gave an affirmative opening).
 
 **Judge.** :class:`~icml26.unsafe_moe.judge.TieredJudge`, run once on each arm's final response and never seen by
 any attack: ``format`` (no refusal, affirmative opening: StrongREJECT's refusal item), ``content`` (the response
@@ -31,7 +37,11 @@ highest target log-probability kept: F-SOUR's compute and selection rule without
 ``rosais_bottom`` / ``rosais_random`` (mask the L routers RoSais ranks highest / lowest / random L, each with its
 best calibration mask, on the prompt tokens); in the defence worlds ``fsour_defended`` (F-SOUR searching again
 after safety-aware route disabling: per layer, the experts most over-used by routes that reached F-SOUR's
-objective on calibration prompts are removed from routing).
+objective on calibration prompts are removed from routing); in ``retry_worlds`` ``fsour_retry`` (the official
+driver's retry-until-judged-success protocol with a shadow :class:`~icml26.unsafe_moe.judge.RuleJudge`, never the
+evaluation judge). ``fsour`` and ``random_selected`` also carry their curves against compute: the tiers of the
+best-so-far routes after each of ``curve_budgets`` scored sequences (``asr_at_<b>``, ``logprob_at_<b>``) and their
+means (``curve_asr``, ``curve_logprob``).
 
 **Units.** Every arm is judged on the same held-out harmful prompts of each family, recorded per (family, prompt)
 as 0/1 (``prompts``), so the claims pair arms prompt by prompt; benign accuracy likewise per held-out benign
@@ -186,7 +196,7 @@ class Config:
     align_steps: int = 300
     """stage-2 steps (harmful requests refused)"""
     n_eval: int = 32
-    """held-out harmful prompts attacked per family (at most 32)"""
+    """held-out harmful prompts attacked per family (at most 64, the pool)"""
     n_calib: int = 8
     """calibration harmful prompts (training prefixes) for RoSais and the defence"""
     n_candidates: int = 100
