@@ -57,7 +57,7 @@ Example:
     ...                           n_candidates=2, max_iters=1, rosais_masks=2, cache=False, layers=1,
     ...                           hidden=32, max_new_tokens=4)
     >>> sorted(run(cfg).metrics)[:3]
-    ['deep_fsour', 'deep_no_attack', 'deep_prefill']
+    ['deep_fsour', 'deep_no_attack', 'deep_pool_no_attack']
 """
 
 from __future__ import annotations
