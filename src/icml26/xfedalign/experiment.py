@@ -123,8 +123,10 @@ class Config:
     """Gaussian noise on the artifacts' unit-norm rows"""
     beta: float = 0.35
     """alignment weight of every arm with a shared map (official MNIST value)"""
-    beta_grid: tuple[float, ...] = (0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)
-    """betas each ``TUNED`` arm chooses from on validation items (``choose_beta``)"""
+    beta_grid: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95, 1.0)
+    """betas each ``TUNED`` arm chooses from on validation items (``choose_beta``); the default spans the whole range
+    of the weight, 0 (the prior switched off: Local-XAI's maps) to 1 (the prior alone), so a choice on its edge is
+    the parameter's boundary, not the grid's (issue #53 item 1: v2's grid stopped at 0.05 and two worlds chose it)"""
     faithfulness_slack: float = 0.02
     """a tuned beta may cost at most this much validation insertion AUC against Local-XAI's (the card's 0.02)"""
     client_finetune_epochs: int = 1
@@ -530,8 +532,9 @@ def run(cfg: Config) -> SeedRun:
         for arm, beta in world["betas"].items():     # each tuned arm's beta, chosen on validation items
             metrics.setdefault(arm, {})[f"beta_{tag}"] = beta
             if beta in (cfg.beta_grid[0], cfg.beta_grid[-1]):
+                what = {0.0: "the prior switched off", 1.0: "the prior alone"}.get(beta, "")
                 edges.append(f"{arm} on {world_name}: beta {beta:g} (grid {min(cfg.beta_grid):g}-"
-                             f"{max(cfg.beta_grid):g})")
+                             f"{max(cfg.beta_grid):g}{': ' + what if what else ''})")
         series.setdefault("beta_validation", {})[tag] = world["beta_curves"]
         metrics["fedavg"][f"kb_per_client_round_{tag}"] = b["params_up"] / 1000
         metrics["xfedalign"][f"kb_per_client_round_{tag}"] = (b["explain_up"] + b["prior_down"]) / 1000
@@ -578,9 +581,12 @@ def run(cfg: Config) -> SeedRun:
     unit_ids = {u: v for u, v in unit_ids.items() if u in units}
     held_out = {u: v for u, v in held_out.items() if u in units}
     notes = {}
-    if edges:   # a chosen beta on the grid's edge: the grid is already [0.05, 0.95], so it is reported, not extended
-        notes["drift_ref_vs_fedattr_tuned"] = ("beta chosen on an edge of its validation grid (not extended: the grid "
-                                               "spans 0.05-0.95 of a weight in [0, 1]): " + "; ".join(edges))
+    if edges:   # a chosen beta on the grid's edge: reported; the default grid spans all of [0, 1], so it cannot grow
+        full_range = min(cfg.beta_grid) == 0.0 and max(cfg.beta_grid) == 1.0
+        why = ("the grid spans the whole range [0, 1] of the weight, so the edge is the parameter's boundary"
+               if full_range else "this grid does not span [0, 1]: extend it")
+        notes["drift_ref_vs_fedattr_tuned"] = f"beta chosen on an edge of its validation grid ({why}): " + "; ".join(
+            edges)
     return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out, notes=notes)
 
 
