@@ -8,7 +8,11 @@ pool, 4 random perturbations per prompt) are within the card's bounds: affirmati
 
 Rule 2 (Deviation 10, written after full's first v3 run failed both preconditions at 0.7, before any measurement at
 0.9): the smallest of ``RATES_FULL`` at which *every family of the full preset*, at full's training steps, meets both
-bounds as point estimates; if none does, the rate stays 0.7. No attack runs in either.
+bounds as point estimates; if none does, the rate stays 0.7.
+
+Rule 3 (Deviation 11, written after rule 2 chose none): the first of ``CANDIDATES`` (each one change of the world at
+rate 0.7: twice the alignment steps; 16 experts per layer) at which every family of the full preset meets both bounds.
+No attack runs in any of them.
 
 Run (about 8 minutes on one core with an empty model cache; writes ``results/unsafe_moe/dropout_pilot.json``)::
 
@@ -34,14 +38,19 @@ RATES_FULL = (0.7, 0.9)
 BOUNDS = {"no_attack_format": 0.05, "noise_flip": 0.10}
 
 
-def measure(rate: float, pretrain_steps: int, align_steps: int, family: str = "mixtral") -> dict[str, object]:
-    """The pool's two precondition measures (and per held-out prefix) at one rate."""
+CANDIDATES = (("align_600", {"align_steps": 600}), ("experts_16", {"experts": 16}))
+
+
+def measure(rate: float, pretrain_steps: int, align_steps: int, family: str = "mixtral",
+            **world: int) -> dict[str, object]:
+    """The pool's two precondition measures (and per held-out prefix) at one rate (``world``: other Config fields)."""
     cfg = dataclasses.replace(PRESETS["quick"], route_dropout=rate, noise_draws=4, pretrain_steps=pretrain_steps,
-                              align_steps=align_steps, workers=1)
+                              align_steps=align_steps, workers=1, **world)
     pool = attack_world(cfg, family, "shallow", part="pool").pool
     no_attack = np.array(pool["pool_no_attack"]["format"]).reshape(len(EVAL_PREFIXES), -1)
     flips = np.array(pool["route_noise"]["flip"]).reshape(len(EVAL_PREFIXES), -1)
     return {"rate": rate, "family": family, "pretrain_steps": pretrain_steps, "align_steps": align_steps,
+            "experts": cfg.experts,
             "no_attack_format": float(no_attack.mean()), "noise_flip": float(flips.mean()),
             "per_prefix": {p: {"no_attack_format": float(a.mean()), "noise_flip": float(f.mean())}
                            for p, a, f in zip(EVAL_PREFIXES, no_attack, flips, strict=True)}}
@@ -59,19 +68,32 @@ def main() -> None:
     full_rows = [measure(r, full.pretrain_steps, full.align_steps, f) for r in RATES_FULL for f in full.families]
     meets_full = [r for r in RATES_FULL
                   if all(all(row[k] <= b for k, b in BOUNDS.items()) for row in full_rows if row["rate"] == r)]
+    # rule 3: one change of the world at rate 0.7, in order; the first that every full family meets
+    rule3: dict[str, list[dict[str, object]]] = {}
+    chosen3 = None
+    for name, change in CANDIDATES:
+        steps = {"pretrain_steps": full.pretrain_steps, "align_steps": full.align_steps}
+        steps.update({k: v for k, v in change.items() if k in steps})
+        world = {k: v for k, v in change.items() if k not in steps}
+        rule3[name] = [measure(0.7, steps["pretrain_steps"], steps["align_steps"], f, **world) for f in full.families]
+        if all(all(row[k] <= b for k, b in BOUNDS.items()) for row in rule3[name]):
+            chosen3 = name
+            break
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     out = {"bounds": BOUNDS, "rates": list(RATES), "rows": rows, "chosen": min(meets) if meets else None,
            "rates_full": list(RATES_FULL), "rows_full": full_rows,
            "chosen_full": min(meets_full) if meets_full else None,
+           "candidates": [name for name, _ in CANDIDATES], "rows_rule3": rule3, "chosen_rule3": chosen3,
            "world_rate": quick.route_dropout, "wall_s": round(time.time() - t0, 1), "git_sha": sha,
            "src_clean": not dirty}
     path = ROOT / "results" / "unsafe_moe" / "dropout_pilot.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     tmp.replace(path)
-    print(f"rule 1: {out['chosen']}; rule 2: {out['chosen_full']} (the world's: {out['world_rate']}); wrote {path}")
+    print(f"rule 1: {out['chosen']}; rule 2: {out['chosen_full']}; rule 3: {out['chosen_rule3']} (the world's: "
+          f"{out['world_rate']}); wrote {path}")
 
 
 if __name__ == "__main__":
