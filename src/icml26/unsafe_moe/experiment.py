@@ -553,6 +553,22 @@ def _curves(
     return out
 
 
+def _fsour(cfg: Config, model: Any, tok: Any, rc: RouterController, judge: RuleJudge | None = None) -> FSOUR:
+    """F-SOUR at the run's budget on the chat template (``judge``: a shadow judge for the official protocol)."""
+    return FSOUR(
+        model,
+        tok,
+        n_candidates=cfg.n_candidates,
+        max_iters=cfg.max_iters,
+        stage=cfg.stage,
+        chat_template=True,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        controller=rc,
+        judge=judge,
+    )
+
+
 @dataclass
 class WorldRun:
     """One (family, world)'s measurements: per held-out harmful prompt, per held-out benign prompt, and per run."""
@@ -589,17 +605,7 @@ def attack_world(
     out = WorldRun({}, {}, {}, {})
     per, benign, scalars = out.prompts, out.benign, out.scalars
     with RouterController(model) as rc:
-        fsour = FSOUR(
-            model,
-            tok,
-            n_candidates=cfg.n_candidates,
-            max_iters=cfg.max_iters,
-            stage=cfg.stage,
-            chat_template=True,
-            max_new_tokens=mnt,
-            seed=cfg.seed,
-            controller=rc,
-        )
+        fsour = _fsour(cfg, model, tok, rc)
         if part in ("all", "pool"):
             # the world's premise, before any attack, on every held-out harmful prompt: refusal with no attack, and
             # random route perturbations of an attack's size with no selection
@@ -693,18 +699,7 @@ def attack_world(
             if world in cfg.retry_worlds:
                 # the official driver's protocol: default answer judged first, then attempts until one is judged a
                 # success, the best-judged kept; judged by a shadow judge (format only: it does not know the keys)
-                retry = FSOUR(
-                    model,
-                    tok,
-                    n_candidates=cfg.n_candidates,
-                    max_iters=cfg.max_iters,
-                    stage=cfg.stage,
-                    chat_template=True,
-                    max_new_tokens=mnt,
-                    seed=cfg.seed,
-                    controller=rc,
-                    judge=RuleJudge(),
-                )
+                retry = _fsour(cfg, model, tok, rc, judge=RuleJudge())
                 retried = [retry.attack(p, TARGET) for p in progress(eval_items, desc=f"retry {family} ({world})")]
                 per["fsour_retry"] = {
                     **_attacked(judge, eval_items, retried),
