@@ -148,3 +148,23 @@ def test_every_arm_explains_the_clients_fine_tuned_models():
             np.testing.assert_array_equal(p[k], ref[k])
             assert not np.array_equal(p[k], params[k])
     assert not np.array_equal(own[0]["0.weight"], own[1]["0.weight"])
+
+
+def test_the_tuned_beta_grid_spans_the_weight_and_edge_choices_are_noted():
+    # the presets' grid runs from 0 (the prior off: Local-XAI's maps) to 1 (the prior alone), so an edge choice is the
+    # parameter's boundary; a narrower grid's note asks for an extension instead
+    from icml26.xfedalign.experiment import beta_edge_note
+
+    for cfg in PRESETS.values():
+        assert min(cfg.beta_grid) == 0.0 and max(cfg.beta_grid) == 1.0 and list(cfg.beta_grid) == sorted(cfg.beta_grid)
+    edges = ["xfedalign_tuned on cancer/iid: beta 0", "fedattr_agg_tuned on digits/iid: beta 1"]
+    full = beta_edge_note(edges, (0.0, 0.5, 1.0))
+    assert "parameter's boundary" in full and full.endswith("beta 0; fedattr_agg_tuned on digits/iid: beta 1")
+    narrow = beta_edge_note(edges[:1], (0.05, 0.5, 0.95))
+    assert "does not span [0, 1]: extend it" in narrow and "boundary" not in narrow
+    # beta 0 publishes the client's own (normalised) maps whatever the prior
+    from icml26.xfedalign.explain import published_explanations
+
+    local = np.random.default_rng(0).normal(size=(3, 4))
+    np.testing.assert_array_equal(published_explanations(local, np.zeros(3, dtype=int), np.ones((1, 4)), 0.0),
+                                  normalize_rows(np.abs(local)))

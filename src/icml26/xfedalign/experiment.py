@@ -190,6 +190,24 @@ def client_models(cfg: Config, task: FederatedTask, spec: ModelSpec, params: dic
             for c in task.clients]
 
 
+def beta_edge_note(edges: list[str], grid: tuple[float, ...]) -> str:
+    """The result's note for tuned betas chosen on an edge of ``grid`` (``edges``: "<arm> on <world>: beta <b>").
+
+    A grid that spans the weight's whole range [0, 1] ends at the parameter's boundary (0: the prior off, the arm
+    publishes Local-XAI's maps; 1: the prior alone); any other grid should be extended.
+
+    Example:
+        >>> beta_edge_note(["xfedalign_tuned on cancer/iid: beta 0"], (0.0, 0.5, 1.0))[:60]
+        'beta chosen on an edge of its validation grid (the grid span'
+    """
+    if min(grid) == 0.0 and max(grid) == 1.0:
+        why = ("the grid spans the whole range [0, 1] of the weight, so the edge is the parameter's boundary: 0 "
+               "switches the prior off (Local-XAI's maps), 1 publishes the prior alone")
+    else:
+        why = f"the grid {min(grid):g}-{max(grid):g} does not span [0, 1]: extend it"
+    return f"beta chosen on an edge of its validation grid ({why}): " + "; ".join(edges)
+
+
 def choose_beta(cfg: Config, task: FederatedTask, prior: np.ndarray, clients: dict[str, Any]
                 ) -> tuple[float, dict[str, list[float]]]:
     """The arm's beta on validation items only: the least mean ``drift_to_reference`` (reference: the Local-XAI
@@ -532,9 +550,7 @@ def run(cfg: Config) -> SeedRun:
         for arm, beta in world["betas"].items():     # each tuned arm's beta, chosen on validation items
             metrics.setdefault(arm, {})[f"beta_{tag}"] = beta
             if beta in (cfg.beta_grid[0], cfg.beta_grid[-1]):
-                what = {0.0: "the prior switched off", 1.0: "the prior alone"}.get(beta, "")
-                edges.append(f"{arm} on {world_name}: beta {beta:g} (grid {min(cfg.beta_grid):g}-"
-                             f"{max(cfg.beta_grid):g}{': ' + what if what else ''})")
+                edges.append(f"{arm} on {world_name}: beta {beta:g}")
         series.setdefault("beta_validation", {})[tag] = world["beta_curves"]
         metrics["fedavg"][f"kb_per_client_round_{tag}"] = b["params_up"] / 1000
         metrics["xfedalign"][f"kb_per_client_round_{tag}"] = (b["explain_up"] + b["prior_down"]) / 1000
@@ -582,11 +598,7 @@ def run(cfg: Config) -> SeedRun:
     held_out = {u: v for u, v in held_out.items() if u in units}
     notes = {}
     if edges:   # a chosen beta on the grid's edge: reported; the default grid spans all of [0, 1], so it cannot grow
-        full_range = min(cfg.beta_grid) == 0.0 and max(cfg.beta_grid) == 1.0
-        why = ("the grid spans the whole range [0, 1] of the weight, so the edge is the parameter's boundary"
-               if full_range else "this grid does not span [0, 1]: extend it")
-        notes["drift_ref_vs_fedattr_tuned"] = f"beta chosen on an edge of its validation grid ({why}): " + "; ".join(
-            edges)
+        notes["drift_ref_vs_fedattr_tuned"] = beta_edge_note(edges, cfg.beta_grid)
     return SeedRun(metrics, series=series, units=units, unit_ids=unit_ids, held_out=held_out, notes=notes)
 
 
