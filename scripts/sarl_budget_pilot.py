@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from icml26.common.io import atomic_write_text
+from icml26.common.repro import git_revision
 from icml26.sarl.experiment import CURVE_TOL, PRESETS, curve_flattened, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,17 +49,13 @@ def main() -> None:
     t0 = time.time()
     result = run(cfg)
     curves = result.series["val_curves"]
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    sha, dirty = git_revision(ROOT)  # dirty: code (src/, pyproject.toml) differs from the commit
     out = {"seed": SEED, "budget": cfg.budget, "curve_points": POINTS, "curve_episodes": cfg.curve_episodes,
            "tolerance": CURVE_TOL, "full_budget": full.budget, "first_flat_point": first_flat_point(curves),
            "val_curves": curves, "notes": result.notes, "wall_s": round(time.time() - t0, 1), "git_sha": sha,
-           "src_clean": not dirty}
+           "src_clean": dirty is False}
     path = ROOT / "results" / "sarl" / "budget_pilot.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "val_curves"}, indent=1))
 
 

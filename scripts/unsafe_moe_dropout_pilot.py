@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from icml26.common.io import atomic_write_text
+from icml26.common.repro import git_revision
 from icml26.unsafe_moe.experiment import EVAL_PREFIXES, PRESETS, attack_world
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,19 +80,15 @@ def main() -> None:
         if all(all(row[k] <= b for k, b in BOUNDS.items()) for row in rule3[name]):
             chosen3 = name
             break
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    sha, dirty = git_revision(ROOT)  # dirty: code (src/, pyproject.toml) differs from the commit
     out = {"bounds": BOUNDS, "rates": list(RATES), "rows": rows, "chosen": min(meets) if meets else None,
            "rates_full": list(RATES_FULL), "rows_full": full_rows,
            "chosen_full": min(meets_full) if meets_full else None,
            "candidates": [name for name, _ in CANDIDATES], "rows_rule3": rule3, "chosen_rule3": chosen3,
            "world_rate": quick.route_dropout, "wall_s": round(time.time() - t0, 1), "git_sha": sha,
-           "src_clean": not dirty}
+           "src_clean": dirty is False}
     path = ROOT / "results" / "unsafe_moe" / "dropout_pilot.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
     print(f"rule 1: {out['chosen']}; rule 2: {out['chosen_full']}; rule 3: {out['chosen_rule3']} (the world's: "
           f"{out['world_rate']}); wrote {path}")
 
