@@ -64,6 +64,10 @@ from .mappo import PPOConfig, evaluate_episodes, fly_straight, greedy_direct, gr
 from .policy import KNNMLPPolicy, SARLPolicy
 
 
+#: the learned arms, in training order
+LEARNED_ARMS = ("sarl", "sarl_no_moe", "mlp_knn_kss", "sarl_no_shield")
+
+
 @dataclass
 class Config:
     """Settings of one seed's run (``PRESETS`` holds smoke / quick / full)."""
@@ -77,7 +81,13 @@ class Config:
     rollout: int = 32
     """decisions per rollout"""
     lr: float = 1e-3
-    """Adam learning rate (every method)"""
+    """Adam learning rate (every learned arm not named in ``arm_lr``)"""
+    arm_lr: tuple[tuple[str, float], ...] = ()
+    """``(arm, learning rate)`` pairs fixed before the run: the rates the tuning pilot chose on validation scenarios
+    of seeds outside every mode's (README, Deviation 10); an arm not named trains at ``lr``"""
+    lr_end_frac: float = 1.0
+    """the learning rate at the end of training as a fraction of its start (linear decay, ``PPOConfig.lr_end_frac``;
+    1: constant, 0: to zero, CleanRL's ``anneal_lr``)"""
     train_sizes: tuple[int, ...] = (16, 20, 24)
     """aircraft per training scenario (mixed)"""
     eval_n: int = 20
@@ -124,6 +134,21 @@ class Config:
             raise ValueError(f"tune_episodes must be a positive int, got {self.tune_episodes!r}")
         if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
             raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
+        names = [a[0] if isinstance(a, tuple) and len(a) == 2 else None for a in self.arm_lr]
+        if None in names or len(set(names)) < len(names) or not set(names) <= set(LEARNED_ARMS):
+            raise ValueError(
+                f"arm_lr must hold distinct (arm, lr) pairs with arms among {LEARNED_ARMS}, got {self.arm_lr!r}"
+            )
+        if any(not (isinstance(v, float | int) and np.isfinite(v) and v > 0) for _, v in self.arm_lr):
+            raise ValueError(f"arm_lr's learning rates must be positive and finite, got {self.arm_lr!r}")
+        if names and self.lr_grid:
+            raise ValueError("arm_lr and lr_grid exclude each other (fixed rates or rates tuned in the run)")
+        if not (isinstance(self.lr_end_frac, float | int) and 0.0 <= self.lr_end_frac <= 1.0):
+            raise ValueError(f"lr_end_frac must lie in [0, 1], got {self.lr_end_frac!r}")
+
+    def lr_of(self, arm: str) -> float:
+        """The learning rate ``arm`` trains at when ``lr_grid`` is empty: its ``arm_lr`` entry, else ``lr``."""
+        return float(dict(self.arm_lr).get(arm, self.lr))
 
 
 PRESETS: dict[str, Config] = {
@@ -242,7 +267,7 @@ def run(cfg: Config) -> SeedRun:
     if cfg.budget < 1 or not cfg.train_sizes:
         raise ValueError("budget must be >= 1 and train_sizes non-empty")
     torch.manual_seed(cfg.seed)
-    ppo = PPOConfig(n_envs=cfg.n_envs, rollout=cfg.rollout, lr=cfg.lr)
+    ppo = PPOConfig(n_envs=cfg.n_envs, rollout=cfg.rollout, lr=cfg.lr, lr_end_frac=float(cfg.lr_end_frac))
     trained_on: list[str] = []
     train_core = recording(
         _core(tuple(cfg.train_sizes), 1000 + cfg.seed, cfg.n_envs, cfg.radius_nm), trained_on
@@ -253,6 +278,7 @@ def run(cfg: Config) -> SeedRun:
         "mlp_knn_kss": (KNNMLPPolicy(), "knn", True),
         "sarl_no_shield": (SARLPolicy(), "graph", False),
     }
+    assert tuple(methods) == LEARNED_ARMS
     curves = {}
     val_curves: dict[str, list[tuple[float, float]]] = {}
     val_core = _core(cfg.eval_n, VALIDATION_SEED, min(cfg.curve_episodes, 16), cfg.radius_nm)
@@ -303,7 +329,7 @@ def run(cfg: Config) -> SeedRun:
     tuned: dict[str, dict[str, Any]] = {}
     for name, (policy, kind, shielded) in list(methods.items()):
         if not cfg.lr_grid:
-            hist, points = fit(policy, kind, shielded, name, cfg.lr)
+            hist, points = fit(policy, kind, shielded, name, cfg.lr_of(name))
         else:
             # every rate starts from the same initial weights; each is scored on the validation scenarios
             init = copy.deepcopy(policy)
@@ -365,7 +391,8 @@ def run(cfg: Config) -> SeedRun:
             units.setdefault("episodes" + suffix, {})[name] = u
     notes: dict[str, str] = {}
     for name in methods:
-        metrics[name]["lr"] = float(cfg.lr)  # untuned (no grid); a tuned arm's choice below
+        # the rate it trained at without a grid (fixed before the run); a tuned arm's choice below
+        metrics[name]["lr"] = cfg.lr_of(name)
     for name, t in tuned.items():
         # the chosen learning rate and its validation score go into the result
         metrics[name]["lr"] = float(t["chosen"])
