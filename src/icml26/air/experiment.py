@@ -23,7 +23,8 @@ rules written once over effect classes (``rules/generic.air``, ``manifest.EMBEDD
 effect class, any party the user never named, any path under a protected root; ``synth.lift_constants``);
 ``families_lifted`` / ``families_template``: whole held-out incident families (:func:`family_halves`: per agent
 type the families at even and odd positions, each half eradicating once, lifted or constant-bound, and held out
-once; every episode of the held-out half runs fresh with only the rules eradicated from the other half).
+once; every episode of the held-out half runs fresh with only the rules eradicated from the other half); the
+lifted arm also offers the state-invariant template first (:func:`family_synthesizer`, issue #49 item 5).
 
 **LLM** (issue #36 item 5): with ``ICML26_LLM_ENDPOINT``/``_MODEL``/``_TIMEOUT`` set (``llm.client_from_config``;
 ``icml26 reproduce air --llm-endpoint ...`` sets them) the responders get ``LLMSemantic`` and eradication an
@@ -419,12 +420,32 @@ def family_halves(families: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, 
     return tuple(families[0::2]), tuple(families[1::2])
 
 
+def family_synthesizer(arm: str, manifest: Any) -> TemplateSynthesizer:
+    """The template eradication of a whole-family arm: ``families_lifted`` lifts the incident's constants to the
+    manifest's classes and offers the state-invariant template first (issue #49 item 5: the rule's checks on the
+    state the call is predicted to leave, when one held only after the call); ``families_template`` is the
+    constant-bound template alone.
+
+    Example:
+        >>> from icml26.air.policy.manifest import EMBEDDED
+        >>> s = family_synthesizer("families_lifted", EMBEDDED["household"])
+        >>> s.lift, s.post_state, family_synthesizer("families_template", None).post_state
+        (True, True, False)
+    """
+    if arm not in FAMILY_ARMS:
+        raise ValueError(f"arm must be one of {FAMILY_ARMS}, got {arm!r}")
+    if arm == "families_lifted":
+        return TemplateSynthesizer(lift=True, manifest=manifest, post_state=True)
+    return TemplateSynthesizer()
+
+
 def _run_family_split(agent_type: str, arm: str, cfg: Config, families: Sequence[str], scen: list[Any],
                       rng: np.random.Generator, llm: Any = None) -> tuple[list[tuple[Any, Episode]], list[Rule]]:
     """Whole held-out incident families (issue #36 item 4): two folds over :func:`family_halves`. Per fold the
     development half's benign twins (every variant) give the validator's benign traces, its incidents (every
     variant) run under AIR's detection rules with eradication (``families_lifted``: constants lifted to the
-    manifest's classes, ``families_template``: the constant-bound template), and every episode of the other half
+    manifest's classes and the state-invariant template, ``families_template``: the constant-bound template;
+    :func:`family_synthesizer`), and every episode of the other half
     (incidents and benign twins, every variant) runs fresh with only the rules eradicated in this fold. Returns the
     held-out rows of both folds (each scenario exactly once) and the eradicated rules of both folds."""
     from .policy.manifest import EMBEDDED
@@ -441,8 +462,7 @@ def _run_family_split(agent_type: str, arm: str, cfg: Config, families: Sequence
             continue
         store: list[Rule] = []
         traces: list[Any] = []
-        base = (TemplateSynthesizer(lift=True, manifest=manifest) if arm == "families_lifted"
-                else TemplateSynthesizer())
+        base = family_synthesizer(arm, manifest)
         learner = IncidentResponder(builtin_rules(agent_type), DictState(dict), manifest=manifest,
                                     recovery_tools=tools, synthesizer=_synth(base, llm), semantic=_semantic(llm),
                                     validator=RuleValidator(traces, fp_threshold=cfg.fp_threshold), rule_store=store)

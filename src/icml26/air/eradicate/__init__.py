@@ -1,7 +1,7 @@
 """AIR's fifth layer, eradicate: synthesise a prevention rule from an incident (template, lifting, LLM), and
 accept it only if the validator does.
 
-Modules: ``template``, ``lifting``, ``llm_synth``, ``validator``. Benign corpora are passed in (the
+Modules: ``template``, ``lifting``, ``invariant``, ``llm_synth``, ``validator``. Benign corpora are passed in (the
 validator's ``benign_traces``), never imported: the worlds layer records them
 (:func:`icml26.air.worlds.corpus.benign_corpus`).
 
@@ -12,7 +12,12 @@ holds it falls back to the call's exact arguments (a rule that will not generali
 ``lift=True`` it lifts the incident's constants to classes (:func:`lift_constants`: any program of the effect class,
 any party the user never named, any path under a protected root, any tool of the effect class) and offers the lifted
 rule first and the constant-bound one second (:meth:`TemplateSynthesizer.candidates`); the incident rule's own checks
-follow the lifted ones only while the rule stays within ``max_checks`` (the validator's budget).
+follow the lifted ones only while the rule stays within ``max_checks`` (the validator's budget). With
+``post_state=True`` it first offers the state-invariant template (:func:`post_state_rule`, issue #49 item 5): when
+a check of the incident rule held only *after* the call (a burner on with nothing on it), the rule's checks are
+rewritten to hold on the state the call is predicted to leave (:func:`call_effects` learns the call's effect on
+the records its arguments name from the incident's own state diff; :func:`post_condition` is the weakest
+precondition), and run ``before_action`` on the same tool.
 :class:`LLMSynthesizer` asks an LLM for one JSON object following :data:`RULE_SCHEMA` (structured output), builds
 the rule with :func:`rule_from_json` (never executes anything) and falls back to the template.
 
@@ -31,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+from .invariant import Effect, call_effects, post_condition, post_state_rule
 from .lifting import lift_constants
 from .llm_synth import (
     PROMPT,
@@ -48,12 +54,16 @@ __all__ = [
     "PROMPT",
     "RULE_SCHEMA",
     "STRUCTURED_PROMPT",
+    "Effect",
     "LLMSynthesizer",
     "RuleValidator",
     "TemplateSynthesizer",
     "ValidationResult",
+    "call_effects",
     "json_from_answer",
     "lift_constants",
+    "post_condition",
+    "post_state_rule",
     "rule_from_answer",
     "rule_from_json",
 ]

@@ -1,4 +1,5 @@
-"""AIR's eradicate layer, the template: a prevention rule from the incident rule's pre-action checks."""
+"""AIR's eradicate layer, the template: a prevention rule from the incident rule's pre-action checks (and, with
+``post_state``, from the checks that hold only after the call: :mod:`.invariant`)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,27 @@ from ..core.records import Incident
 from ..dsl import Action, Cond, Evaluator, Lit, Path_, Rule, Trigger, count_checks
 from ..policy.predicates import PROTECTED_ROOTS
 from ..runtime.containment import pre_action_checks, pre_action_env, prevention_scope
+from .invariant import post_state_rule
 from .lifting import _binds_argument_constant, lift_constants
 
 
 class TemplateSynthesizer:
-    """Prevention rules from the incident rule's pre-action conditions (see the module docstring)."""
+    """Prevention rules from the incident rule's pre-action conditions (see the package docstring).
+
+    ``post_state=True`` adds, first among the candidates, the state-invariant template
+    (:func:`~icml26.air.eradicate.invariant.post_state_rule`): the incident rule's checks on the state the call
+    is predicted to leave, offered when one of them held only after the call (a broken invariant).
+    """
 
     name = "template"
 
     def __init__(self, *, fallback_to_arguments: bool = True, lift: bool = False, manifest: Any = None,
-                 protected_roots: Sequence[str] | None = None, max_checks: int = 10):
+                 protected_roots: Sequence[str] | None = None, max_checks: int = 10, post_state: bool = False):
         if not isinstance(max_checks, int) or max_checks < 1:
             raise ValueError(f"max_checks must be a positive int, got {max_checks!r}")
-        self.fallback_to_arguments, self.max_checks = fallback_to_arguments, max_checks
+        if not isinstance(post_state, bool):
+            raise TypeError(f"post_state must be a bool, got {type(post_state).__name__}")
+        self.fallback_to_arguments, self.max_checks, self.post_state = fallback_to_arguments, max_checks, post_state
         self.lift, self.manifest = lift, manifest
         if protected_roots is None:
             protected_roots = PROTECTED_ROOTS
@@ -30,14 +39,17 @@ class TemplateSynthesizer:
         self.protected_roots = tuple(protected_roots)
 
     def candidates(self, inc: Incident, rule: Rule, evaluator: Evaluator) -> list[Rule]:
-        """The candidates the responder validates in order: with ``lift``, the lifted rule, then the
-        constant-bound template (kept when the lifted rule fires on benign traces); else the template alone."""
+        """The candidates the responder validates in order: with ``post_state``, the state-invariant rule first
+        (when the incident broke an invariant); then with ``lift``, the lifted rule, then the constant-bound
+        template (kept when the lifted rule fires on benign traces); else the template alone."""
+        inv = post_state_rule(inc, rule, evaluator, max_checks=self.max_checks) if self.post_state else None
+        head = [] if inv is None else [inv]
         first = self.synthesize(inc, rule, evaluator)
         if not self.lift:
-            return [] if first is None else [first]
+            return head + ([] if first is None else [first])
         plain = TemplateSynthesizer(fallback_to_arguments=self.fallback_to_arguments).synthesize(inc, rule, evaluator)
         out = [r for r in (first, plain) if r is not None]
-        return out[:1] if len(out) == 2 and out[0].detect == out[1].detect else out
+        return head + (out[:1] if len(out) == 2 and out[0].detect == out[1].detect else out)
 
     def synthesize(self, inc: Incident, rule: Rule, evaluator: Evaluator) -> Rule | None:
         env = pre_action_env(inc)
