@@ -274,3 +274,36 @@ def test_curve_flattened_by_hand():
     assert not curve_flattened([(1.0, 0.5), (2.0, 0.59375)])  # 3 in 32
     assert not curve_flattened([(1.0, 0.7), (2.0, 0.5)])  # collapsing
     assert not curve_flattened([(1.0, 0.5)])  # one point says nothing
+
+
+def test_run_trains_each_arm_at_its_fixed_rate_under_the_configured_schedule(monkeypatch):
+    """``arm_lr`` (the pilot's choice, fixed before the run) reaches each arm's training, an arm not named trains at
+    ``lr``, ``lr_end_frac`` reaches ``PPOConfig``, and the result records the rate every learned arm trained at.
+    Bad pairs, and ``arm_lr`` beside ``lr_grid``, are refused naming the argument."""
+    from icml26.sarl import experiment
+
+    from .test_sarl import SMALL
+
+    seen: dict[str, tuple[float, float]] = {}
+
+    def stub(policy, kind, make_core, cfg, *, total_agent_steps, desc=None, **kw):
+        seen[desc.split()[3]] = (cfg.lr, cfg.lr_end_frac)
+        return [{"agent_steps": float(total_agent_steps), "reward": 0.0}]
+
+    monkeypatch.setattr(experiment, "train", stub)
+    cfg = dataclasses.replace(
+        SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, curve_points=0, lr=1e-3, lr_end_frac=0.0,
+        arm_lr=(("sarl", 3e-4), ("mlp_knn_kss", 3e-3)),
+    )
+    out = experiment.run(cfg)
+    want = {"sarl": 3e-4, "sarl_no_moe": 1e-3, "mlp_knn_kss": 3e-3, "sarl_no_shield": 1e-3}
+    assert {arm: lr for arm, (lr, _) in seen.items()} == pytest.approx(want)
+    assert {end for _, end in seen.values()} == {0.0}
+    assert {arm: out.metrics[arm]["lr"] for arm in want} == pytest.approx(want)
+    for bad in ((("nope", 1e-3),), (("sarl", 0.0),), (("sarl", 1e-3), ("sarl", 3e-4)), ("sarl",)):
+        with pytest.raises(ValueError, match="arm_lr"):
+            dataclasses.replace(cfg, arm_lr=bad)
+    with pytest.raises(ValueError, match="arm_lr and lr_grid"):
+        dataclasses.replace(cfg, lr_grid=(1e-4, 1e-3))
+    with pytest.raises(ValueError, match="lr_end_frac"):
+        dataclasses.replace(cfg, lr_end_frac=-0.5)
