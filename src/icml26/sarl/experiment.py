@@ -31,8 +31,11 @@ an evaluation scenario among them makes the reproduction refuse the result.
 **Tuning** (issue #53): with ``Config.lr_grid`` every learned arm trains once per learning rate from the same
 initial weights and keeps the rate with the highest greedy success on ``tune_episodes`` validation scenarios
 (``common.bracketing.tune_bracketed``; a choice on an edge extends the grid past it, and one still on an edge is flagged); the chosen rate
-is in the result (``<arm>.lr``, ``lr_at_edge``, ``lr_val_success``). No preset turns it on yet (README, Deviation
-9). The learning curve's flattened flag per arm (``curve_flattened``, ``CURVE_TOL``) is noted on the headline.
+is in the result (``<arm>.lr``, ``lr_at_edge``, ``lr_val_success``). The presets do not tune inside the run (3.5
+times the CPU time): they train each arm at the rate a pilot chose on validation scenarios of two seeds outside
+every mode's (``Config.arm_lr``, ``scripts/sarl_lr_pilot.py``, README Deviation 10), with the rate decaying
+linearly to zero (``lr_end_frac = 0``). The learning curve's flattened flag per arm (``curve_flattened``,
+``CURVE_TOL``) is noted on the headline.
 
 Example:
     >>> import dataclasses
