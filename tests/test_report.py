@@ -134,6 +134,31 @@ def test_card_history_lists_changes_after_the_first_result(git_tree):
     assert any("'absolute' changed on the card" in p and "direction" in p for p in outcome.problems)
 
 
+def test_card_history_lists_preset_changes_at_the_result_that_first_ran_them(git_tree):
+    """A preset change (the config a committed result stores) is a row of the card history at the result commit
+    that first ran it, naming each changed setting and the headline's verdict before and after; a rerun with the
+    same preset adds no row."""
+    from icml26.history import Git, card_history
+
+    root, demo, _ = git_tree
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm"]
+    _git(root, "add", "-A")
+    _git(root, *commit, "results")
+    assert card_history(Git(root), "demo") == []
+    run_paper(demo, mode="full", out_dir=root / "results", experiment=demo_experiment(gap=0.0), show_progress=False)
+    _git(root, "add", "-A")
+    _git(root, *commit, "full with no gap")
+    sha = _git(root, "rev-parse", "HEAD")
+    run_paper(demo, mode="quick", out_dir=root / "results", experiment=demo_experiment(), show_progress=False)
+    _git(root, "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--allow-empty", "-qm", "quick again")
+    rows = card_history(Git(root), "demo")
+    assert [(c.sha, c.claim, c.new) for c in rows] == [(sha, "(preset, full)", "gap: `0.1` → `0.0`")]
+    assert rows[0].verdicts == {"full": ("holds", "fails")}
+    update(root, papers=[demo])
+    assert "| (preset, full) | gap: `0.1` → `0.0` |  | full: holds → fails |" in (demo.folder / "README.md").read_text()
+
+
 def test_config_must_be_the_preset(tree, monkeypatch):
     from icml26 import report
 

@@ -3,7 +3,7 @@ recorded provenance is true of the commit it names.
 
 ``card_history(slug)`` lists every change to a claim's decision (its check's threshold, comparison, test or
 units; its direction, headline flag, kind or modes) and to a mode's seeds made in a commit after the paper's
-first committed result, with the verdicts of the committed quick and full results just before the change and
+first committed result, and every change of a quick or full preset (the settings its committed results store), with the verdicts of the committed quick and full results just before the change and
 at the first result written at or after it. ``icml26 report`` renders it as each paper's "Card history";
 nobody writes it by hand.
 
@@ -178,7 +178,8 @@ def _verdict_at(git: Git, sha: str, slug: str, mode: str, claim: str) -> str:
 
 
 def card_history(git: Git, slug: str) -> list[CardChange]:
-    """Every change to ``slug``'s claims' decisions and modes' seeds after its first committed result."""
+    """Every change to ``slug``'s claims' decisions and modes' seeds after its first committed result, and every
+    change of its quick and full presets (:func:`preset_changes`), oldest first."""
     card_path = f"src/icml26/{slug}/paper.toml"
     result_paths = [f"results/{slug}/{m}.json" for m in ("quick", "full")]
     results = git.commits(*result_paths)
@@ -222,7 +223,74 @@ def card_history(git: Git, slug: str) -> list[CardChange]:
                 after = _verdict_at(git, after_sha, slug, mode, claim_id) if after_sha else "(no result since)"
                 verdicts[mode] = (before, after)
             out.append(CardChange(sha, date, subject, cid, field, a, b, _looser(field, a, b, op), verdicts))
+    out.extend(preset_changes(git, slug))
+    # oldest first; a preset change sits at the result commit that first ran the new preset
+    return sorted(out, key=lambda c: order.get(c.sha, -1))
+
+
+def _config_at(git: Git, sha: str, path: str) -> dict[str, Any] | None:
+    raw = git.show(sha, path)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except json.JSONDecodeError:
+        return None
+    cfg = data.get("config") if isinstance(data, dict) else None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], width: int = 60) -> list[tuple[str, str, str]]:
+    """``(key, old, new)`` for every preset setting that differs between two stored configs, values as compact
+    JSON cut to ``width`` characters (``(none)`` for a setting one side lacks).
+
+    Example:
+        >>> config_diff({"budget": 24000, "lr": 0.001}, {"budget": 48000, "lr": 0.001, "lr_end_frac": 0.0})
+        [('budget', '24000', '48000'), ('lr_end_frac', '(none)', '0.0')]
+    """
+
+    def show(v: Any) -> str:
+        text = json.dumps(v, sort_keys=True, separators=(",", ":"))
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    keys = list(old) + [k for k in new if k not in old]
+    return [(k, show(old[k]) if k in old else "(none)", show(new[k]) if k in new else "(none)")
+            for k in keys if old.get(k, _MISSING) != new.get(k, _MISSING)]
+
+
+_MISSING = object()
+
+
+def preset_changes(git: Git, slug: str) -> list[CardChange]:
+    """Every change of a quick or full preset (the ``config`` a committed result stores) after the paper's first
+    committed result: one row per result commit whose config differs from the previous committed result's of the
+    same mode, with the headline's verdict in the previous result and in this one."""
+    out: list[CardChange] = []
+    for mode in ("quick", "full"):
+        path = f"results/{slug}/{mode}.json"
+        prev: tuple[str, dict[str, Any]] | None = None
+        for sha, date, subject in git.commits(path):
+            cfg = _config_at(git, sha, path)
+            if cfg is None:
+                continue
+            if prev is not None and cfg != prev[1]:
+                diff = config_diff(prev[1], cfg)
+                head = _headline_id(git, sha, path)
+                verdicts = ({mode: (_verdict_at(git, prev[0], slug, mode, head),
+                                    _verdict_at(git, sha, slug, mode, head))} if head else {})
+                what = "; ".join(f"{k}: `{a}` → `{b}`" for k, a, b in diff)
+                out.append(CardChange(sha, date, subject, f"(preset, {mode})", "preset", "", what, None,
+                                      verdicts))
+            prev = (sha, cfg)
     return out
+
+
+def _headline_id(git: Git, sha: str, path: str) -> str | None:
+    raw = git.show(sha, path)
+    try:
+        data = json.loads(raw) if raw is not None else {}
+    except json.JSONDecodeError:
+        return None
+    head = next((c for c in data.get("claims", []) if c.get("headline")), None)
+    return str(head["id"]) if head and "id" in head else None
 
 
 def render_card_history(changes: list[CardChange], first_result: str | None) -> str:
@@ -231,14 +299,14 @@ def render_card_history(changes: list[CardChange], first_result: str | None) -> 
 
     if not changes:
         since = f" (first result: {first_result[:10]})" if first_result else ""
-        return f"_No change to a claim's decision or a mode's seeds since the first committed result{since}._"
+        return f"_No change to a claim's decision, a mode's seeds or a preset since the first committed result{since}._"
     grouped: dict[tuple[str, str], list[CardChange]] = {}
     for c in changes:
         grouped.setdefault((c.sha, c.claim), []).append(c)
     rows = []
     for (sha, claim), group in grouped.items():
         head = group[0]
-        what = "; ".join(f"{c.field}: `{c.old}` → `{c.new}`" for c in group)
+        what = "; ".join(c.new if c.field == "preset" else f"{c.field}: `{c.old}` → `{c.new}`" for c in group)
         marks = {c.looser for c in group} - {None}
         effect = "looser" if marks == {True} else "stricter" if marks == {False} else "mixed" if marks else ""
         verdicts = "; ".join(f"{m}: {a} → {b}" for m, (a, b) in head.verdicts.items()) or "—"
@@ -247,7 +315,9 @@ def render_card_history(changes: list[CardChange], first_result: str | None) -> 
     return ("Generated from git by `icml26 report`: every change to a claim's threshold, comparison, test, units, "
             "direction, headline flag, kind or modes, and to a mode's seeds, made after this paper's first "
             "committed result; the verdicts are those of the committed results just before the change and at "
-            "the first result written at or after it. \"looser\" marks a threshold moved so that *holds* is "
+            "the first result written at or after it. Rows `(preset, MODE)` are changes of a mode's preset "
+            "(the settings its committed result stores), at the result commit that first ran it, with the "
+            "headline's verdict before and after. \"looser\" marks a threshold moved so that *holds* is "
             "easier.\n\n"
             + markdown_table(["commit", "claim", "change", "", "verdicts (before → after)", "commit message"], rows))
 
