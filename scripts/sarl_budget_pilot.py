@@ -44,7 +44,9 @@ def first_flat_point(curves: dict[str, list[list[float]]], tol: float = CURVE_TO
 
 def main() -> None:
     torch.set_num_threads(1)
-    full = PRESETS["full"]
+    # full as it was when this pilot ran (24k agent-samples, every arm at 1e-3, constant): the presets have since
+    # taken the learning-rate pilot's rates, schedule and budget (scripts/sarl_lr_pilot.py, README Deviation 10)
+    full = dataclasses.replace(PRESETS["full"], budget=24_000, lr=1e-3, arm_lr=(), arm_lr_edge=(), lr_end_frac=1.0)
     cfg = dataclasses.replace(full, seed=SEED, curve_seed=SEED, budget=SCALE * full.budget, curve_points=POINTS)
     t0 = time.time()
     result = run(cfg)

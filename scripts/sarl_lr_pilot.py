@@ -37,13 +37,16 @@ from icml26.sarl.experiment import CURVE_TOL, LEARNED_ARMS, PRESETS, Config
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (7, 8)
 GRID = (1e-4, 3e-4, 1e-3, 3e-3)
+#: full's budget when the pilot ran (the presets now hold the pilot's outcome: its rates and, by its rule, 48k)
+BUDGET = 24_000
 EXTEND = 1
 
 
 def _base(seed: int) -> Config:
     full = PRESETS["full"]
     return dataclasses.replace(
-        full, seed=seed, curve_seed=seed, lr_end_frac=0.0, eval_episodes=1, eval_episodes_scales=1, scales=()
+        full, seed=seed, curve_seed=seed, budget=BUDGET, arm_lr=(), arm_lr_edge=(), lr_end_frac=0.0,
+        eval_episodes=1, eval_episodes_scales=1, scales=(),
     )
 
 
@@ -96,7 +99,7 @@ def main() -> None:
         }
         chosen = tuple((arm, float(tuning[arm]["chosen"])) for arm in LEARNED_ARMS)
         stage_b = {seed: c for _, seed, _, c in pool.imap_unordered(_job, [("B", s, chosen) for s in SEEDS])}
-    budget = PRESETS["full"].budget
+    budget = BUDGET
     end_a = {arm: score(arm, dict(chosen)[arm]) for arm in LEARNED_ARMS}
     end_b = {arm: float(np.mean([stage_b[s][arm][-1][1] for s in SEEDS])) for arm in LEARNED_ARMS}
     gains = {arm: end_b[arm] - end_a[arm] for arm in LEARNED_ARMS}

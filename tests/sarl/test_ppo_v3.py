@@ -247,7 +247,8 @@ def test_run_tunes_every_learned_arm_on_validation_and_records_the_choice(monkey
 
     monkeypatch.setattr(experiment, "train", stub)
     cfg = dataclasses.replace(
-        SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, lr_grid=(1e-4, 1e-3), tune_episodes=3
+        SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, lr_grid=(1e-4, 1e-3), tune_episodes=3,
+        arm_lr=(), arm_lr_edge=(),
     )
     out = experiment.run(cfg)
     learned = ("sarl", "sarl_no_moe", "mlp_knn_kss", "sarl_no_shield")
@@ -293,17 +294,23 @@ def test_run_trains_each_arm_at_its_fixed_rate_under_the_configured_schedule(mon
     monkeypatch.setattr(experiment, "train", stub)
     cfg = dataclasses.replace(
         SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, curve_points=0, lr=1e-3, lr_end_frac=0.0,
-        arm_lr=(("sarl", 3e-4), ("mlp_knn_kss", 3e-3)),
+        arm_lr=(("sarl", 3e-4), ("mlp_knn_kss", 3e-3)), arm_lr_edge=("sarl",),
     )
     out = experiment.run(cfg)
     want = {"sarl": 3e-4, "sarl_no_moe": 1e-3, "mlp_knn_kss": 3e-3, "sarl_no_shield": 1e-3}
     assert {arm: lr for arm, (lr, _) in seen.items()} == pytest.approx(want)
     assert {end for _, end in seen.values()} == {0.0}
     assert {arm: out.metrics[arm]["lr"] for arm in want} == pytest.approx(want)
+    # the pilot's edge flag: recorded for the arms it chose, noted on the headline
+    assert {arm: out.metrics[arm].get("lr_at_edge") for arm in want} == {
+        "sarl": 1.0, "sarl_no_moe": None, "mlp_knn_kss": 0.0, "sarl_no_shield": None}
+    assert "on the edge of its grid after its extension for sarl (0.0003)" in out.notes["not_only_the_shield"]
+    with pytest.raises(ValueError, match="arm_lr_edge"):
+        dataclasses.replace(cfg, arm_lr_edge=("sarl_no_moe",))
     for bad in ((("nope", 1e-3),), (("sarl", 0.0),), (("sarl", 1e-3), ("sarl", 3e-4)), ("sarl",)):
         with pytest.raises(ValueError, match="arm_lr"):
             dataclasses.replace(cfg, arm_lr=bad)
     with pytest.raises(ValueError, match="arm_lr and lr_grid"):
-        dataclasses.replace(cfg, lr_grid=(1e-4, 1e-3))
+        dataclasses.replace(cfg, lr_grid=(1e-4, 1e-3), arm_lr_edge=())
     with pytest.raises(ValueError, match="lr_end_frac"):
         dataclasses.replace(cfg, lr_end_frac=-0.5)
