@@ -12,7 +12,8 @@ bounds as point estimates; if none does, the rate stays 0.7.
 
 Rule 3 (Deviation 11, written after rule 2 chose none): the first of ``CANDIDATES`` (each one change of the world at
 rate 0.7: twice the alignment steps; 16 experts per layer) at which every family of the full preset meets both bounds.
-No attack runs in any of them.
+Rule 4 (Deviation 12, written after rule 3 chose none): ``CANDIDATE4``, both changes together, qualifies if every
+family of the full preset meets both bounds. No attack runs in any of them.
 
 Run (about 8 minutes on one core with an empty model cache; writes ``results/unsafe_moe/dropout_pilot.json``)::
 
@@ -40,6 +41,8 @@ BOUNDS = {"no_attack_format": 0.05, "noise_flip": 0.10}
 
 
 CANDIDATES = (("align_600", {"align_steps": 600}), ("experts_16", {"experts": 16}))
+#: rule 4 (Deviation 12, written after rule 3 chose none): both of rule 3's changes together
+CANDIDATE4 = ("align_600_experts_16", {"align_steps": 600, "experts": 16})
 
 
 def measure(rate: float, pretrain_steps: int, align_steps: int, family: str = "mixtral",
@@ -80,16 +83,24 @@ def main() -> None:
         if all(all(row[k] <= b for k, b in BOUNDS.items()) for row in rule3[name]):
             chosen3 = name
             break
+    # rule 4: both changes together, only once rule 3 chose none
+    rule4: list[dict[str, object]] = []
+    if chosen3 is None:
+        rule4 = [measure(0.7, full.pretrain_steps, CANDIDATE4[1]["align_steps"], f, experts=CANDIDATE4[1]["experts"])
+                 for f in full.families]
+    chosen4 = CANDIDATE4[0] if rule4 and all(all(row[k] <= b for k, b in BOUNDS.items()) for row in rule4) else None
     sha, dirty = git_revision(ROOT)  # dirty: code (src/, pyproject.toml) differs from the commit
     out = {"bounds": BOUNDS, "rates": list(RATES), "rows": rows, "chosen": min(meets) if meets else None,
            "rates_full": list(RATES_FULL), "rows_full": full_rows,
            "chosen_full": min(meets_full) if meets_full else None,
            "candidates": [name for name, _ in CANDIDATES], "rows_rule3": rule3, "chosen_rule3": chosen3,
+           "candidate_rule4": CANDIDATE4[0], "rows_rule4": rule4, "chosen_rule4": chosen4,
            "world_rate": quick.route_dropout, "wall_s": round(time.time() - t0, 1), "git_sha": sha,
            "src_clean": dirty is False}
     path = ROOT / "results" / "unsafe_moe" / "dropout_pilot.json"
     atomic_write_text(path, json.dumps(out, indent=1) + "\n")
-    print(f"rule 1: {out['chosen']}; rule 2: {out['chosen_full']}; rule 3: {out['chosen_rule3']} (the world's: "
+    print(f"rule 1: {out['chosen']}; rule 2: {out['chosen_full']}; rule 3: {out['chosen_rule3']}; rule 4: "
+          f"{out['chosen_rule4']} (the world's: "
           f"{out['world_rate']}); wrote {path}")
 
 
