@@ -17,9 +17,11 @@ test items:
 - ``additive``: Q-Former-style additive cross-attention ``V + W F(T, V)``, MoDA's modules added, not gated;
 - ``moda``: ``V * sigmoid(W F(T, V))``, attached with ``attach_moda`` (instruction = prompt tokens only).
 
-Every adapter goes through the same ``attach_moda`` hook. Each arm's stage-2 learning rate is chosen from
-``lr_grid`` on a validation split (its own scenes), once per configuration on the lab seed, and cached; the seeds
-then rerun every arm at its chosen rate on fresh batches, adapter initialisations and test items. Metrics, per
+Every adapter goes through the same ``attach_moda`` hook. Each arm's stage-2 learning rate is chosen at each
+depth it runs at from ``lr_grid`` (bracketed: an edge choice extends the grid, ``lr_extend``) by its mean accuracy
+on a validation split (its own scenes) over ``val_draws`` training runs, once per configuration, and cached; the
+seeds then rerun every arm at its chosen rate on fresh batches, adapter initialisations and test items. The choice
+is in the result (``lr``, ``val_accuracy``, ``val_accuracy_draw<k>``, ``lr_at_edge``). Metrics, per
 test item so the claims pair arms by item (pooled over seeds): ``accuracy`` (exact match of the one-word answer,
 under teacher forcing = greedy decoding), ``entangled_accuracy`` (the items where the other object of the same
 patch differs in the asked attribute), ``pair_accuracy`` on MMVP-style pairs (two scenes differing only in the
@@ -45,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
@@ -79,8 +83,11 @@ from .baselines import AdditiveCrossAttention, FiLM, ResidualMLP, SelfAttentionG
 from .module import MoDAAdapter
 
 ARMS = ("none", "mlp", "selfgate", "film", "additive", "moda")
-#: version of the tuning procedure (bump when a change alters which learning rate an arm would get)
-TUNING_VERSION = 1
+#: version of the tuning procedure (bump when a change alters which learning rate an arm would get; 2: validation
+#: draws, per-depth choice and bracketing, issue #54)
+TUNING_VERSION = 2
+#: the claim that carries the note on learning rates still on an edge of their grid
+HEADLINE = "vs_textfree_gate"
 
 
 @dataclass
@@ -104,7 +111,15 @@ class Config:
     batch_size: int = 64
     """scenes per step"""
     lr_grid: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2)
-    """stage-2 peak learning rates tried for every arm (chosen on the validation split)"""
+    """stage-2 peak learning rates tried for every arm at every depth (increasing, at least two; chosen on the
+    validation split)"""
+    val_draws: int = 2
+    """validation draws per (arm, rate, depth): draw ``k`` is its own training run (batches and adapter
+    initialisation from seed ``20_000 + lab_seed + k``) scored on the same validation questions; a rate's score is
+    the mean over its draws (one run's luck decides no rate, and the second draw breaks ties)"""
+    lr_extend: int = 1
+    """how many times a choice on an edge of ``lr_grid`` extends the grid one rate past that edge (the grid's
+    first ratio); a choice still on an edge is flagged (``lr_at_edge``) and noted on the headline claim"""
     moda_heads: int = 4
     """MoDA attention heads (official: 16 at E = 4096; head width 16 here)"""
     moda_layers: int = 2
@@ -122,14 +137,26 @@ class Config:
     depths: tuple[int, ...] = ()
     """further language-model depths for the gap-against-depth sweep (empty: none)"""
     depth_arms: tuple[str, ...] = ("none", "moda")
-    """arms rerun at each depth of the sweep (at the learning rate chosen at ``layers``)"""
+    """arms rerun at each depth of the sweep, each at its own learning rate chosen at that depth"""
     paper_scale: bool = True
     """measure MoDA's parameter and FLOP overhead at LLaVA-MoRE's size (meta device, a few seconds)"""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.val_draws, bool) or not isinstance(self.val_draws, int) or self.val_draws < 1:
+            raise ValueError(f"val_draws must be an int >= 1, got {self.val_draws!r}")
+        if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
+            raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
+        grid = [float(v) for v in self.lr_grid]
+        if len(grid) < 2 or not all(np.isfinite(v) and v > 0 for v in grid) or any(
+                b <= a for a, b in itertools.pairwise(grid)):
+            raise ValueError(f"lr_grid must hold at least two increasing positive rates, got {self.lr_grid!r}")
+
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(stage1_steps=60, steps=20, n_val=64, n_test=96, n_pairs=32, lr_grid=(3e-3,), paper_scale=False,
-                    depths=(2,), depth_arms=("none", "moda")),
+    # smoke: two rates, two draws, no extension (every choice is on an edge and flagged: the code path, not a
+    # choice)
+    "smoke": Config(stage1_steps=60, steps=20, n_val=64, n_test=96, n_pairs=32, lr_grid=(3e-3, 6e-3), lr_extend=0,
+                    paper_scale=False, depths=(2,), depth_arms=("none", "moda")),
     # quick runs the headline arms on two seeds disjoint from full's (0, 1 against 100-104), without the depth
     # sweep: the same world, checkpoint and learning-rate choice. Two seeds, not one: a one-layer LM's training
     # run varies by more than the claims' effects, and only several seeds let the checks see it (see README)
@@ -281,50 +308,134 @@ def evaluate(model: Any, tok: Any, cfg: Config, data: EvalSet, seed: int) -> dic
 
 
 # --------------------------------------------------------------------------------------------- learning rates
-def _tuning_key(cfg: Config) -> dict[str, Any]:
-    """Everything that decides one validation run but the arm and the rate (test sizes and sweeps excluded)."""
+def _tuning_key(cfg: Config, layers: int | None = None) -> dict[str, Any]:
+    """Everything that decides one validation run at depth ``layers`` (default ``cfg.layers``) but the arm, the
+    rate and the draw (test sizes, sweeps and the tuning procedure's own settings excluded)."""
     keep = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
             if f.name not in ("seed", "n_test", "n_pairs", "arms", "depths", "depth_arms", "paper_scale",
-                              "lr_grid")}
-    return {"paper": "moda", "tuning": TUNING_VERSION, "lab": recipe(cfg).key(), **keep}
+                              "lr_grid", "val_draws", "lr_extend", "layers")}
+    return {"paper": "moda", "tuning": TUNING_VERSION, "lab": recipe(cfg, layers).key(), **keep}
 
 
-def validation_accuracy(cfg: Config, arm: str, lr: float) -> float:
-    """Validation accuracy of ``arm`` trained at ``lr`` on the lab seed's batches (cached per arm and rate; a
-    diverged run scores 0)."""
+def validation_seed(cfg: Config, draw: int) -> int:
+    """Training seed of validation draw ``draw`` (batches, adapter initialisation): ``20_000 + lab_seed + draw``,
+    apart from every test seed.
+
+    Example:
+        >>> validation_seed(PRESETS["quick"], 0), validation_seed(PRESETS["quick"], 1)
+        (20000, 20001)
+    """
+    return 20_000 + cfg.lab_seed + draw
+
+
+def validation_accuracy(cfg: Config, arm: str, lr: float, layers: int | None = None, draw: int = 0) -> float:
+    """Validation accuracy of ``arm`` trained at ``lr`` with a ``layers``-layer LM on draw ``draw``'s batches.
+
+    Every draw scores the same validation questions, rendered alike (``validation_set``); only the training run
+    differs. Cached per (arm, rate, depth, draw); a diverged run scores 0.
+
+    Args:
+        cfg: the configuration (its lab, budget and validation size).
+        arm: one of ``ARMS``.
+        lr: the stage-2 peak learning rate.
+        layers: language-model depth (``None``: ``cfg.layers``).
+        draw: the validation draw (training seed ``validation_seed(cfg, draw)``).
+    Returns:
+        The exact-match accuracy on ``cfg.n_val`` validation questions.
+    """
+    depth = cfg.layers if layers is None else layers
+
     def compute() -> dict[str, float]:
-        seed = 20_000 + cfg.lab_seed
         try:
-            model, tok, _ = train_arm(arm, cfg, lr, seed)
+            model, tok, _ = train_arm(arm, cfg, lr, validation_seed(cfg, draw), layers=depth)
             val = validation_set(cfg)
-            acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items, seed).mean())
+            acc = float(_scores(model, tok, SceneSpec(grid=cfg.grid), val.attrs, val.items,
+                                validation_seed(cfg, 0)).mean())
         except FloatingPointError:  # diverged at this rate: it cannot be chosen
             acc = 0.0
         return {"val_accuracy": acc}
 
-    key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
+    key = {**_tuning_key(cfg, depth), "arm": arm, "lr": float(lr), "draw": int(draw)}
     return float(cached_json("moda_tuning", key, compute)["val_accuracy"])
 
 
-def tuned_arms(cfg: Config) -> tuple[str, ...]:
-    """The arms whose rate ``cfg`` needs: ``arms`` and, with a depth sweep, ``depth_arms`` (in ``ARMS`` order)."""
-    need = {*cfg.arms, *(cfg.depth_arms if cfg.depths else ())}
-    return tuple(a for a in ARMS if a in need)
+def tuned_runs(cfg: Config) -> tuple[tuple[str, str, int], ...]:
+    """``(name, arm, layers)`` of every learning rate ``cfg`` needs: each of ``arms`` at ``layers`` (name: the arm)
+    and each of ``depth_arms`` at each of ``depths`` (name: ``<arm>_l<depth>``, the sweep's arm).
 
-
-def tune_learning_rates(cfg: Config) -> dict[str, dict[str, float]]:
-    """``{arm: {"lr", "val_accuracy"}}``: each needed arm's best rate in ``lr_grid`` on the validation split.
-
-    Every arm gets the same grid, the same stage-2 budget and the same validation items; selection uses the lab
-    seed's batches and initialisation, never the test items. Each (arm, rate) run is cached, so widening the grid
-    trains only the new points. Ties go to the smaller rate.
+    Example:
+        >>> [name for name, _, _ in tuned_runs(PRESETS["full"])]
+        ['none', 'mlp', 'selfgate', 'film', 'additive', 'moda', 'none_l2', 'moda_l2']
     """
-    choice = {}
-    for arm in progress(tuned_arms(cfg), desc="moda lr selection"):
-        by_lr = {float(lr): validation_accuracy(cfg, arm, lr) for lr in cfg.lr_grid}
-        best = max(by_lr, key=lambda lr: (by_lr[lr], -lr))
-        choice[arm] = {"lr": best, "val_accuracy": by_lr[best]}
-    return choice
+    out = [(arm, arm, cfg.layers) for arm in ARMS if arm in cfg.arms]
+    out += [(f"{arm}_l{d}", arm, d) for d in cfg.depths for arm in ARMS if arm in cfg.depth_arms]
+    return tuple(out)
+
+
+def tune_arm(cfg: Config, arm: str, layers: int | None = None) -> dict[str, Any]:
+    """``arm``'s learning rate at depth ``layers``: the best mean validation accuracy over ``val_draws`` draws.
+
+    ``lr_grid`` is bracketed (``common.bracketing.tune_bracketed``): a choice on an edge adds one rate past it, at
+    most ``lr_extend`` times; ties go to the smaller rate.
+
+    Args:
+        cfg: the configuration (``lr_grid``, ``val_draws``, ``lr_extend``).
+        arm: one of ``ARMS``.
+        layers: language-model depth (``None``: ``cfg.layers``).
+    Returns:
+        ``{"lr", "val_accuracy" (the chosen rate's mean), "val_accuracy_draws" (its per-draw accuracies), "grid",
+        "scores" (mean per rate), "at_edge"}``.
+    """
+    def score(lr: float) -> tuple[float, list[float]]:
+        accs = [validation_accuracy(cfg, arm, lr, layers, draw) for draw in range(cfg.val_draws)]
+        return float(np.mean(accs)), accs
+
+    rec, draws = tune_bracketed(cfg.lr_grid, score, cfg.lr_extend)
+    i = rec["grid"].index(rec["chosen"])
+    return {"lr": float(rec["chosen"]), "val_accuracy": float(rec["scores"][i]),
+            "val_accuracy_draws": [float(a) for a in draws], "grid": [float(v) for v in rec["grid"]],
+            "scores": [float(v) for v in rec["scores"]], "at_edge": bool(rec["at_edge"])}
+
+
+def tune_learning_rates(cfg: Config) -> dict[str, dict[str, Any]]:
+    """``{name: tune_arm(...)}`` for every ``(name, arm, layers)`` of ``tuned_runs(cfg)``.
+
+    Every arm, at every depth, gets the same grid, the same stage-2 budget, the same draws and the same
+    validation items; selection uses the lab seed's draws, never the test items. Each (arm, rate, depth, draw)
+    run is cached, so widening the grid or adding draws trains only the new runs.
+    """
+    runs = tuned_runs(cfg)
+    return {name: tune_arm(cfg, arm, layers)
+            for name, arm, layers in progress(runs, desc="moda lr selection", total=len(runs))}
+
+
+def tuning_metrics(tuned: dict[str, Any]) -> dict[str, float]:
+    """The result's record of one choice: ``lr``, ``val_accuracy`` (mean over draws), ``val_accuracy_draw<k>``
+    and ``lr_at_edge`` (1.0 when still on an edge of the grid).
+
+    Example:
+        >>> tuning_metrics({"lr": 0.004, "val_accuracy": 0.75, "val_accuracy_draws": [0.5, 1.0], "at_edge": False})
+        {'lr': 0.004, 'val_accuracy': 0.75, 'val_accuracy_draw0': 0.5, 'val_accuracy_draw1': 1.0, 'lr_at_edge': 0.0}
+    """
+    return {"lr": float(tuned["lr"]), "val_accuracy": float(tuned["val_accuracy"]),
+            **{f"val_accuracy_draw{k}": float(a) for k, a in enumerate(tuned["val_accuracy_draws"])},
+            "lr_at_edge": float(tuned["at_edge"])}
+
+
+def edge_note(cfg: Config, choice: dict[str, dict[str, Any]]) -> str | None:
+    """The headline claim's note naming every choice still on an edge of its grid (``None`` when none is).
+
+    Example:
+        >>> edge_note(PRESETS["quick"], {"moda": {"lr": 0.032, "grid": [0.002, 0.032], "at_edge": True},
+        ...                              "none": {"lr": 0.004, "grid": [0.002, 0.004, 0.008], "at_edge": False}})
+        'learning rate on the edge of its grid after 1 extension(s) for moda (0.032 of [0.002, 0.032])'
+    """
+    edge = [name for name, t in choice.items() if t["at_edge"]]
+    if not edge:
+        return None
+    return (f"learning rate on the edge of its grid after {cfg.lr_extend} extension(s) for "
+            + ", ".join(f"{n} ({choice[n]['lr']:g} of {[float(f'{v:.3g}') for v in choice[n]['grid']]})"
+                        for n in edge))
 
 
 # ----------------------------------------------------------------------------------------- reference arms
@@ -382,7 +493,8 @@ def _paper_scale() -> tuple[tuple[str, float], ...]:
 
 # ------------------------------------------------------------------------------------------------------- run
 def run(cfg: Config) -> SeedRun:
-    """One seed: every arm from the same stage-1 checkpoint at its selected rate; per-item outcomes."""
+    """One seed: every arm from the same stage-1 checkpoint at the rate chosen for it at its depth; per-item
+    outcomes, each choice's record (``tuning_metrics``) and a note on the headline naming edge choices."""
     unknown = [a for a in (*cfg.arms, *cfg.depth_arms) if a not in ARMS]
     if unknown or "none" not in cfg.arms:
         raise ValueError(f"arms and depth_arms must be among {ARMS} and arms must include 'none', got {unknown}")
@@ -404,7 +516,7 @@ def run(cfg: Config) -> SeedRun:
         units["pairs"][arm] = {"pair_accuracy": out["pair_accuracy"].tolist()}
         flops = toy_flops(model, tok, cfg)
         base_flops = flops if arm == "none" else base_flops
-        metrics[arm] = {"lr": choice[arm]["lr"], "val_accuracy": choice[arm]["val_accuracy"],
+        metrics[arm] = {**tuning_metrics(choice[arm]),
                         "params": float(0 if adapter is None else n_params(adapter)),
                         "flops_overhead": flops / base_flops - 1.0}
         if arm == "none":
@@ -412,18 +524,24 @@ def run(cfg: Config) -> SeedRun:
             units["items"]["probe"] = {"accuracy": probe_outcomes(model, cfg, data, cfg.seed).tolist()}
     for arm, g in gates.items():
         metrics[arm]["mean_gate"] = g
-    for layers in cfg.depths:
-        for arm in cfg.depth_arms:
-            model, tok, _ = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, layers=layers, record=trained)
-            out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
-            units["items"][f"{arm}_l{layers}"] = {"accuracy": out["accuracy"].tolist()}
+    for name, arm, layers in tuned_runs(cfg):
+        if name == arm:
+            continue  # a main arm, trained above
+        # the sweep's arm at its own depth's rate (chosen on depth-``layers`` validation runs)
+        model, tok, _ = train_arm(arm, cfg, choice[name]["lr"], cfg.seed, layers=layers, record=trained)
+        out = evaluate(model, tok, cfg, data, 30_000 + cfg.seed)
+        units["items"][name] = {"accuracy": out["accuracy"].tolist()}
+        metrics[name] = tuning_metrics(choice[name])
+    notes = {}
+    if (note := edge_note(cfg, choice)) is not None:
+        notes[HEADLINE] = note
     if cfg.paper_scale:
         metrics["paper_scale"] = dict(_paper_scale())
     trained |= probe_training_ids(cfg, cfg.seed)
     validation = validation_set(cfg)
     held = held_out_of(data, trained, set(item_ids(validation.attrs, validation.items)))
-    return SeedRun(metrics, units=units, series={"depths": (cfg.layers, *cfg.depths)}, unit_ids=unit_ids_of(data),
-                   held_out=held)
+    series = {"depths": (cfg.layers, *cfg.depths), "lr_tuning": choice}
+    return SeedRun(metrics, units=units, series=series, notes=notes, unit_ids=unit_ids_of(data), held_out=held)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
