@@ -228,14 +228,17 @@ def card_history(git: Git, slug: str) -> list[CardChange]:
     return sorted(out, key=lambda c: order.get(c.sha, -1))
 
 
-def _config_at(git: Git, sha: str, path: str) -> dict[str, Any] | None:
+def _result_at(git: Git, sha: str, path: str) -> dict[str, Any]:
+    """The committed result at ``path`` in commit ``sha`` (``{}`` when absent or unreadable)."""
     raw = git.show(sha, path)
     try:
-        data = json.loads(raw) if raw is not None else None
+        data = json.loads(raw) if raw is not None else {}
     except json.JSONDecodeError:
-        return None
-    cfg = data.get("config") if isinstance(data, dict) else None
-    return cfg if isinstance(cfg, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+_MISSING = object()
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], width: int = 60) -> list[tuple[str, str, str]]:
@@ -256,9 +259,6 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], width: int = 60)
             for k in keys if old.get(k, _MISSING) != new.get(k, _MISSING)]
 
 
-_MISSING = object()
-
-
 def preset_changes(git: Git, slug: str) -> list[CardChange]:
     """Every change of a quick or full preset (the ``config`` a committed result stores) after the paper's first
     committed result: one row per result commit whose config differs from the previous committed result's of the
@@ -268,12 +268,13 @@ def preset_changes(git: Git, slug: str) -> list[CardChange]:
         path = f"results/{slug}/{mode}.json"
         prev: tuple[str, dict[str, Any]] | None = None
         for sha, date, subject in git.commits(path):
-            cfg = _config_at(git, sha, path)
-            if cfg is None:
+            data = _result_at(git, sha, path)
+            cfg = data.get("config")
+            if not isinstance(cfg, dict):
                 continue
             if prev is not None and cfg != prev[1]:
                 diff = config_diff(prev[1], cfg)
-                head = _headline_id(git, sha, path)
+                head = next((str(c["id"]) for c in data.get("claims", []) if c.get("headline") and "id" in c), None)
                 verdicts = ({mode: (_verdict_at(git, prev[0], slug, mode, head),
                                     _verdict_at(git, sha, slug, mode, head))} if head else {})
                 what = "; ".join(f"{k}: `{a}` → `{b}`" for k, a, b in diff)
@@ -281,16 +282,6 @@ def preset_changes(git: Git, slug: str) -> list[CardChange]:
                                       verdicts))
             prev = (sha, cfg)
     return out
-
-
-def _headline_id(git: Git, sha: str, path: str) -> str | None:
-    raw = git.show(sha, path)
-    try:
-        data = json.loads(raw) if raw is not None else {}
-    except json.JSONDecodeError:
-        return None
-    head = next((c for c in data.get("claims", []) if c.get("headline")), None)
-    return str(head["id"]) if head and "id" in head else None
 
 
 def render_card_history(changes: list[CardChange], first_result: str | None) -> str:
