@@ -301,6 +301,8 @@ def test_run_trains_each_arm_at_its_fixed_rate_under_the_configured_schedule(mon
     assert {arm: lr for arm, (lr, _) in seen.items()} == pytest.approx(want)
     assert {end for _, end in seen.values()} == {0.0}
     assert {arm: out.metrics[arm]["lr"] for arm in want} == pytest.approx(want)
+    # the pilot chose the rates on tune_episodes validation scenarios: all of them are held out from the test units
+    assert len(out.held_out["episodes"]["validation"]) == cfg.tune_episodes > cfg.curve_episodes
     # the pilot's edge flag: recorded for the arms it chose, noted on the headline
     assert {arm: out.metrics[arm].get("lr_at_edge") for arm in want} == {
         "sarl": 1.0, "sarl_no_moe": None, "mlp_knn_kss": 0.0, "sarl_no_shield": None}

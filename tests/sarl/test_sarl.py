@@ -578,7 +578,9 @@ def test_units_carry_scenario_ids_disjoint_from_training_and_validation():
         assert n_units == {len(ids)} and len(set(ids)) == len(ids)
     assert set(out.held_out) == set(out.unit_ids)
     for unit, splits in out.held_out.items():
-        assert len(splits["train"]) >= cfg.n_envs and len(splits["validation"]) == cfg.curve_episodes
+        # the curve's validation scenarios and, with the pilot's rates, the tuning's (the more of the two)
+        assert len(splits["train"]) >= cfg.n_envs
+        assert len(splits["validation"]) == max(cfg.curve_episodes, cfg.tune_episodes if cfg.arm_lr else 0)
         assert not set(out.unit_ids[unit]) & (set(splits["train"]) | set(splits["validation"]))
     assert out.overlap() == {u: {"train": 0, "validation": 0} for u in out.unit_ids}
     # the ids name what the evaluation core flies: spawn the same seeds in an evaluation-sized core

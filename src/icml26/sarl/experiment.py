@@ -388,7 +388,9 @@ def run(cfg: Config) -> SeedRun:
         "episodes" + suffix: scenario_ids(n, [(eval_seed + n, i) for i in range(episodes)], cfg.radius_nm)
         for n, episodes, suffix in scales
     }
-    n_val = max(cfg.curve_episodes, cfg.tune_episodes if cfg.lr_grid else 0)
+    # the validation scenarios that chose anything: the curve's, and the tuning's (in the run with ``lr_grid``, or in
+    # the pilot that fixed ``arm_lr``, on the same validation stream)
+    n_val = max(cfg.curve_episodes, cfg.tune_episodes if cfg.lr_grid or cfg.arm_lr else 0)
     validation = scenario_ids(
         cfg.eval_n, [(VALIDATION_SEED + cfg.eval_n, i) for i in range(n_val)], cfg.radius_nm
     )
