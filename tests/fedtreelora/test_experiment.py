@@ -22,7 +22,7 @@ def test_world_plants_the_hierarchy_and_balanced_labels():
         assert abs(labels.mean() - 0.5) < 0.06                         # balanced by construction
         for s, y in zip(strings[:50], labels[:50], strict=True):
             body, q = s.split(":")
-            assert len(body) == world.length and (body.count(q) in client.positive) == bool(y)
+            assert len(body) == world.length and ((body.count(q) in client.positive) ^ (q in world.twist)) == bool(y)
     # siblings agree everywhere; cousins on all but one count; groups on at most two of four
     def disagree(a, b):
         return len(rule_set(a) ^ rule_set(b))
@@ -62,18 +62,34 @@ def test_experiment_contract_and_bad_config():
         ex.run(dataclasses.replace(ex.PRESETS["smoke"], arms=("fedavg", )))
     with pytest.raises(ValueError, match="lr_grid"):
         ex.run(dataclasses.replace(ex.PRESETS["smoke"], lr_grid=(0.0,)))
+    with pytest.raises(ValueError, match="lr_grid"):
+        ex.run(dataclasses.replace(ex.PRESETS["smoke"], lr_grid=(1e-2,)))
+    with pytest.raises(ValueError, match="ditto_lams"):
+        ex.run(dataclasses.replace(ex.PRESETS["smoke"], ditto_lams=(1.0, 0.1)))
+    with pytest.raises(ValueError, match="lr_extend"):
+        ex.run(dataclasses.replace(ex.PRESETS["smoke"], lr_extend=-1))
+    assert set(ex.BASELINES) <= set(ex.PRESETS["quick"].arms)            # the headline's comparator is complete
 
 
 def test_smoke_reproduction(tmp_path):
     data = reproduce_in_subprocess("fedtreelora", tmp_path, mode="smoke")
     arms = data["arms"]
-    for arm in ("fedtreelora", "fedavg_lora", "flat_cluster", "oracle_cluster", "base_zero_shot", "majority"):
+    for arm in ("fedtreelora", "fedavg_lora", "flat_cluster", "oracle_cluster", "base_zero_shot", "majority",
+                "fedavg_ft", "ditto", "best_baseline"):
         assert arms[arm]["accuracy"]["unit"] == "items"
         assert len(arms[arm]["accuracy"]["unit_values"][0]) == 8 * 24          # 8 clients x 24 test items
+    for arm in ("fedtreelora", "flat_cluster", "fedavg_ft", "local", "base_zero_shot"):
+        assert arms[arm]["accuracy_unseen"]["unit"] == "items_unseen"
+        assert len(arms[arm]["accuracy_unseen"]["unit_values"][0]) == 4 * 24   # 4 unseen clients x 24 items
+    picked = [arms["best_baseline"][f"picked_{a}"]["mean"] for a in ("local", "fedavg_ft", "ditto", "fixed_depth",
+                                                                      "fedsa_lora", "flat_cluster")]
+    assert sum(picked) == 1.0
+    assert "lam" in arms["ditto"] and arms["fedtreelora"]["lr_at_edge"]["mean"] in (0.0, 1.0)
     assert arms["local"]["bytes_per_round"]["mean"] == 0.0
     assert arms["fedsa_lora"]["bytes_per_round"]["mean"] < arms["fedavg_lora"]["bytes_per_round"]["mean"]
     assert arms["fedtreelora"]["trainable_params"]["mean"] == arms["fedavg_lora"]["trainable_params"]["mean"] + 8
-    assert {c["id"] for c in data["claims"]} >= {"vs_fedavg_lora", "depth_premise", "tree_top"}
+    assert {c["id"] for c in data["claims"]} >= {"vs_best_baseline", "fedavg_learns", "unseen_vs_fedavg_ft",
+                                                "vs_fedavg_lora", "depth_premise", "tree_top"}
     assert (tmp_path / "fedtreelora" / "smoke_sharing_depth.png").is_file()
 
 
@@ -109,12 +125,15 @@ def test_run_records_item_ids_and_held_out_items():
     cfg = dataclasses.replace(PRESETS["smoke"], arms=("fedavg_lora",), n_train=8, n_val=4, n_test=6, rounds=1,
                               local_steps=1, warmup_rounds=1)
     out = run(cfg)
-    assert set(out.unit_ids) == set(out.units) == {"items"}
+    assert set(out.unit_ids) == set(out.units) == {"items", "items_unseen"}
     ids = out.unit_ids["items"]
     assert len(ids) == len(set(ids)) == 8 * 6
     assert {len(v) for by_arm in out.units["items"].values() for v in by_arm.values()} == {len(ids)}
     assert len(out.held_out["items"]["train"]) == 8 * 8 and len(out.held_out["items"]["validation"]) == 8 * 4
-    assert out.overlap() == {"items": {"train": 0, "validation": 0}}
+    unseen = out.unit_ids["items_unseen"]
+    assert len(unseen) == 4 * 6 and all(i.split("/")[0] in ("c8", "c9", "c10", "c11") for i in unseen)
+    assert len(out.held_out["items_unseen"]["train"]) == 4 * 8
+    assert out.overlap() == {"items": {"train": 0, "validation": 0}, "items_unseen": {"train": 0, "validation": 0}}
 
 
 def test_quick_and_full_seeds_are_disjoint():

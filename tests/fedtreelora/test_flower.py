@@ -19,7 +19,14 @@ from flwr.app import Context, RecordDict
 
 from icml26.common.federation import FailurePolicy, run_in_process
 from icml26.fedtreelora import flower as app
-from icml26.fedtreelora.baselines import FedSALoRA, FixedDepthLoRA, FlatClusterLoRA, OracleClusterLoRA
+from icml26.fedtreelora.baselines import (
+    Ditto,
+    FedAvgFT,
+    FedSALoRA,
+    FixedDepthLoRA,
+    FlatClusterLoRA,
+    OracleClusterLoRA,
+)
 from icml26.fedtreelora.core import FedTreeLoRA, layer_index
 from icml26.fedtreelora.data import World, make_clients
 
@@ -78,7 +85,8 @@ def test_app_project_names_the_apps_and_declares_every_key_the_runner_sets(lab):
     algos = [FedTreeLoRA(trainer, warmup_rounds=2, tau=0.1, window=2, gate_lr=None, gate_init=0.7,
                          distance="frobenius", cut_rule="fixed", fixed_k=2, external=False, **kw),
              FedSALoRA(trainer, **kw), FixedDepthLoRA(trainer, share_layers=1, **kw),
-             FlatClusterLoRA(trainer, warmup_rounds=1, tau=0.3, **kw), OracleClusterLoRA(trainer, labels=[0, 1, 1, 0], **kw)]
+             FlatClusterLoRA(trainer, warmup_rounds=1, tau=0.3, **kw), OracleClusterLoRA(trainer, labels=[0, 1, 1, 0], **kw),
+             FedAvgFT(trainer, ft_rounds=2, **kw), Ditto(trainer, lam=0.3, **kw)]
     for algo in algos:
         overrides = app.run_config_of(algo, 4, FailurePolicy(min_replies=3, timeout=30.0))
         # flwr run refuses a run-config key the app's pyproject does not declare

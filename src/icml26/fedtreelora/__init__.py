@@ -10,8 +10,9 @@ branches); each client trains its cluster's average LoRA mixed with a frozen ave
 ``core`` holds the tree, the cuts, the aggregation and ``FedTreeLoRA`` (a ``common.federation.FederatedAlgorithm``;
 numpy / scipy / scikit-learn only); ``module`` the client's ``MixedLoRALinear`` (any ``transformers`` model,
 peft key names, import from and export to peft); ``client`` local training; ``baselines`` FedAvg-, FFA-, FedSA-LoRA,
-a fixed-depth split, flat clustering; ``flower`` is its Flower App on the federation harness (``run_local``:
-``flwr run`` on a local SuperLink) and ``FedTreeLoRAStrategy`` a personalised Flower ``Strategy`` (the ``fl`` extra).
+FedAvg + fine-tuning, Ditto, a fixed-depth split, flat clustering; ``flower`` is its Flower App on the federation
+harness (``run_local``: ``flwr run`` on a local SuperLink) and ``FedTreeLoRAStrategy`` a personalised Flower
+``Strategy`` (the ``fl`` extra).
 Not implemented: the paper's RoBERTa/GLUE and LLaMA-2/FLAN setups (no downloads), an MoE-router variant, the
 convergence analysis, rebuilding the tree during training.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from .baselines import (
+    Ditto,
+    FedAvgFT,
     FedAvgLoRA,
     FedSALoRA,
     FFALoRA,
@@ -36,6 +39,7 @@ from .core import (
     aggregate_tree_lora,
     build_client_tree,
     layer_distances,
+    place_client,
     run_batched,
     select_layer_cuts,
     tree_partitions,
@@ -49,7 +53,9 @@ _TORCH = ("MixedLoRALinear", "inject_mixed_lora", "to_peft_state_dict", "from_pe
 __all__ = [
     "BatchedLoRATrainer",
     "ClientTree",
+    "Ditto",
     "FFALoRA",
+    "FedAvgFT",
     "FedAvgLoRA",
     "FedSALoRA",
     "FedTreeLoRA",
@@ -68,6 +74,7 @@ __all__ = [
     "from_peft_state_dict",
     "inject_mixed_lora",
     "layer_distances",
+    "place_client",
     "run_batched",
     "run_local",
     "select_layer_cuts",

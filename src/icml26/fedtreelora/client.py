@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,55 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> torch.Tensor:
     if any(len(i) != 1 for i in ids) or len({i[0] for i in ids}) != len(ids):
         raise ValueError(f"every label must be one distinct token, got {labels!r} -> {ids}")
     return torch.tensor([i[0] for i in ids])
+
+
+def proximal_penalty(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], prox: float) -> torch.Tensor:
+    r"""Ditto's proximal term: half ``prox`` times the squared distance of the trained factors to an anchor.
+
+    $$\frac{\lambda}{2}\textstyle\sum_k \lVert\theta_k - a_k\rVert_F^2,\qquad
+      \nabla_{\theta_k} = \lambda(\theta_k - a_k)$$
+
+    Args:
+        params: the trained factors theta_k (tensors; stacked clients' slices in ``BatchedLoRATrainer``).
+        anchors: a_k, one tensor of the same shape per entry of ``params``.
+        prox: lambda >= 0.
+
+    Returns:
+        A scalar tensor, differentiable in ``params``.
+    """
+    # $$\frac{\lambda}{2}\sum_k \lVert\theta_k - a_k\rVert^2$$  (Ditto, Li et al. 2021, eq. 2)
+    return 0.5 * prox * sum(((p - a) ** 2).sum() for p, a in zip(params, anchors, strict=True))
+
+
+def check_prox(prox: Any, anchor: Mapping[str, np.ndarray] | None, shapes: Mapping[str, tuple[int, ...]],
+               name: str = "anchor") -> float:
+    """Validate a proximal weight and its anchor; return ``prox`` as a float.
+
+    ``prox`` must be a finite number >= 0; ``prox > 0`` needs ``anchor`` with exactly the keys of ``shapes``,
+    each of that shape and finite (``anchor`` is ignored when ``prox == 0``). A ValueError names the argument.
+
+    Args:
+        prox: lambda of ``proximal_penalty``.
+        anchor: ``{peft key: array}``, the adapters the trained factors are pulled toward.
+        shapes: ``{peft key: shape}`` of the trainer's adapters.
+        name: how the error messages call ``anchor``.
+    """
+    if isinstance(prox, bool) or not isinstance(prox, numbers.Real) or not np.isfinite(prox) or prox < 0:
+        raise ValueError(f"prox must be a finite number >= 0, got {prox!r}")
+    if prox == 0:
+        return 0.0
+    if anchor is None:
+        raise ValueError(f"prox={prox!r} > 0 needs an anchor (the adapters to pull toward), got {name}=None")
+    if set(anchor) != set(shapes):
+        missing, extra = sorted(set(shapes) - set(anchor))[:3], sorted(set(anchor) - set(shapes))[:3]
+        raise ValueError(f"{name}: keys do not match the trainer's adapters (missing {missing}, unexpected {extra})")
+    for k, shape in shapes.items():
+        value = np.asarray(anchor[k])
+        if value.shape != tuple(shape):
+            raise ValueError(f"{name}: {k} has shape {value.shape}, the trainer's adapter has {tuple(shape)}")
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"{name}: {k} holds NaN or Inf")
+    return float(prox)
 
 
 class LoRATrainer:
@@ -109,16 +159,26 @@ class LoRATrainer:
     def train(self, data: tuple[np.ndarray, np.ndarray], clus: Mapping[str, np.ndarray],
               ext: Mapping[str, np.ndarray] | None, mix_logits: Mapping[str, float] | None, *, steps: int,
               lr: float, seed: Sequence[int], train_A: bool = True, train_B: bool = True,
-              gate_lr: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """``steps`` AdamW steps on the cluster experts (and gates) from ``clus`` / ``ext`` / ``mix_logits``.
+              gate_lr: float | None = None, prox: float = 0.0, anchor: Mapping[str, np.ndarray] | None = None
+              ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        r"""``steps`` AdamW steps on the cluster experts (and gates) from ``clus`` / ``ext`` / ``mix_logits``.
 
-        ``gate_lr``: the gates' learning rate (default ``lr``). Returns the trained cluster experts (peft key
-        names) and the gate logits.
+        $$\mathcal L = \mathrm{CE} + \frac{\lambda}{2}\textstyle\sum_k \lVert\theta_k - a_k\rVert^2$$
+        (the second term only when ``prox`` = lambda > 0; theta_k: the trained factors, A and/or B)
+
+        Args:
+            gate_lr: the gates' learning rate (default ``lr``).
+            prox: lambda >= 0 of the proximal term (``proximal_penalty``; Ditto's personal pass).
+            anchor: a_k, ``{peft key: array}`` with every key of ``init_state()``; needed when ``prox > 0``.
+
+        Returns:
+            The trained cluster experts (peft key names) and the gate logits.
         """
         if len(data[1]) == 0:
             raise ValueError("a client with no training data cannot train")
         if steps < 0 or not (lr > 0 and np.isfinite(lr)):
             raise ValueError(f"need steps >= 0 and a positive finite lr, got {steps}, {lr}")
+        prox = check_prox(prox, anchor, {k: v.shape for k, v in self._init.items()})
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
@@ -131,12 +191,22 @@ class LoRATrainer:
                 groups.append({"params": gates, "lr": lr if gate_lr is None else gate_lr})
             x_all, y_all = torch.from_numpy(np.asarray(data[0])), torch.from_numpy(np.asarray(data[1]))
             rng = np.random.default_rng(list(seed))
+            pulled, anchors = [], []      # the trained factors theta_k and their anchors a_k (prox > 0 only)
+            if prox > 0:
+                for name, m in lora_modules(self.model).items():
+                    for f, p in (("A", m.lora_A), ("B", m.lora_B)):
+                        if p.requires_grad:
+                            pulled.append(p)
+                            anchors.append(torch.tensor(np.asarray(anchor[peft_key(name, f)]), dtype=p.dtype))
             if params and steps:
                 opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
                 self.model.train()
                 for _ in range(steps):
                     idx = torch.from_numpy(rng.integers(0, len(y_all), size=min(self.batch_size, len(y_all))))
                     loss = torch.nn.functional.cross_entropy(self._scores(x_all[idx]), y_all[idx])
+                    if pulled:
+                        # $$\mathcal L = \mathrm{CE} + \frac{\lambda}{2}\sum_k \lVert\theta_k - a_k\rVert^2$$
+                        loss = loss + proximal_penalty(pulled, anchors, prox)
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"local loss is {float(loss)}")
                     opt.zero_grad(set_to_none=True)
@@ -236,10 +306,34 @@ class BatchedLoRATrainer:
 
     def train_many(self, datas: Sequence[tuple[np.ndarray, np.ndarray]], inputs: Sequence[tuple[Any, Any, Any]],
                    kwargs: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, np.ndarray], dict[str, float]]]:
-        """Every client's ``LoRATrainer.train`` at once; ``kwargs[c]`` as ``train``'s (equal but for the seed)."""
-        shared = {k: v for k, v in kwargs[0].items() if k != "seed"}
-        if any({k: v for k, v in kw.items() if k != "seed"} != shared for kw in kwargs):
-            raise ValueError("batched clients must share steps, lr, gate_lr and trainable factors")
+        r"""Every client's ``LoRATrainer.train`` at once; ``kwargs[c]`` as ``train``'s (equal but for the seed
+        and the anchor).
+
+        The loss is the sum of the clients' losses, each with its own proximal term when ``prox`` > 0:
+
+        $$\mathcal L = \textstyle\sum_c \big(\mathrm{CE}_c + \frac{\lambda}{2}\sum_k
+          \lVert\theta_{c,k} - a_{c,k}\rVert^2\big)$$
+
+        Args:
+            datas: every client's training split.
+            inputs: every client's ``(clus, ext, mix_logits)``.
+            kwargs: every client's ``train`` kwargs; ``prox`` must be equal across clients, ``anchor`` (client
+                c's a_c) and ``seed`` are per client.
+
+        Returns:
+            Per client, the trained cluster experts and the gate logits.
+        """
+        per_client = ("seed", "anchor")
+        shared = {k: v for k, v in kwargs[0].items() if k not in per_client}
+        if any({k: v for k, v in kw.items() if k not in per_client} != shared for kw in kwargs):
+            raise ValueError("batched clients must share steps, lr, gate_lr, prox and trainable factors")
+        if len(kwargs) != self.n:
+            raise ValueError(f"{len(kwargs)} clients' kwargs for a trainer of {self.n}")
+        shapes = {k: v.shape for k, v in self._init.items()}
+        prox = 0.0
+        for c, kw in enumerate(kwargs):
+            prox = check_prox(shared.get("prox", 0.0), kw.get("anchor"), shapes, name=f"client {c}'s anchor")
+        anchors = [kw.get("anchor") for kw in kwargs]
         sizes = {min(self.batch_size, len(d[1])) for d in datas}
         if len(sizes) != 1 or 0 in sizes:
             raise ValueError(f"batched clients need equal, non-zero batch sizes, got {sorted(sizes)}")
@@ -262,6 +356,15 @@ class BatchedLoRATrainer:
             xs = [torch.from_numpy(np.asarray(d[0])) for d in datas]
             ys = [torch.from_numpy(np.asarray(d[1])) for d in datas]
             rngs = [np.random.default_rng(list(kw["seed"])) for kw in kwargs]
+            pulled, stacked = [], []      # the trained stacked factors and every client's anchor, stacked alike
+            if prox > 0:
+                for name, m in self.modules.items():
+                    for f, p in (("A", m.lora_A), ("B", m.lora_B)):
+                        if p.requires_grad:
+                            key = peft_key(name, f)
+                            pulled.append(p)
+                            stacked.append(torch.from_numpy(np.stack(
+                                [np.asarray(anchors[c][key], dtype=np.float32) for c in range(self.n)])))
             if groups and shared["steps"]:
                 opt = torch.optim.AdamW(groups, lr=shared["lr"], weight_decay=0.0)
                 self.model.train()
@@ -271,6 +374,9 @@ class BatchedLoRATrainer:
                     y = torch.cat([yc[i] for yc, i in zip(ys, idx, strict=True)])
                     per = torch.nn.functional.cross_entropy(self._scores(x), y, reduction="none")
                     loss = per.reshape(self.n, bsz).mean(1).sum()
+                    if pulled:
+                        # $$\sum_c \frac{\lambda}{2}\sum_k \lVert\theta_{c,k} - a_{c,k}\rVert^2$$: slice c sees only a_c
+                        loss = loss + proximal_penalty(pulled, stacked, prox)
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"local loss is {float(loss)}")
                     opt.zero_grad(set_to_none=True)

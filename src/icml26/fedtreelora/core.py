@@ -288,6 +288,53 @@ def flat_partition(tree: ClientTree, tau: float = 0.2) -> tuple[int, list[frozen
     return c, tree.partition(c)
 
 
+def place_client(B_new: Sequence[Sequence[np.ndarray]], B: Mapping[Hashable, Sequence[Sequence[np.ndarray]]],
+                 partitions: Sequence[Sequence[frozenset]], distance: str = "cosine") -> list[frozenset]:
+    r"""Where a client that took no part in training joins a nested per-layer partition (unseen clients).
+
+    Its warm-up B matrices ``B_new`` are compared with the training clients' warm-up ``B`` under the tree's
+    layer-averaged distance; it joins the block of the finest (deepest) partition at the smallest average
+    distance (the tree's average linkage), and at every shallower layer the block that contains that one:
+
+    $$k^* = \arg\min_{S \in P_{L}} \tfrac{1}{|S|}\textstyle\sum_{j \in S} D^{glob}_{new, j},\qquad
+      S^{(l)}_{new} = \text{the block of } P_l \supseteq k^*$$
+
+    Args:
+        B_new: the new client's ``[layer][module]`` B matrices (same shapes as the training clients').
+        B: ``{client: [layer][module] B}`` of the training clients (the tree's input).
+        partitions: per layer, a partition of ``B``'s clients; each must refine the one before (the tree's cuts
+            with non-decreasing counts; flat clustering's identical partitions).
+        distance: as ``layer_distances``.
+    Returns:
+        Per layer, the block (a frozenset of training client ids) whose experts the new client starts from.
+    Raises:
+        ValueError: partitions that do not cover ``B``'s clients or are not nested shallow to deep.
+
+    Example:
+        >>> e = [np.eye(2)[:, :1], np.eye(2)[:, 1:]]
+        >>> B = {0: [[e[0]]], 1: [[e[0]]], 2: [[e[1]]]}
+        >>> sorted(place_client([[e[1] + 0.1]], B, [[frozenset({0, 1}), frozenset({2})]])[0])
+        [2]
+    """
+    ids = list(B)
+    if "__new__" in B:
+        raise ValueError("a training client may not be called '__new__'")
+    if not partitions:
+        raise ValueError("partitions must hold one partition per layer")
+    for layer, part in enumerate(partitions):
+        members = [c for block in part for c in block]
+        if sorted(map(str, members)) != sorted(map(str, ids)) or len(members) != len(ids):
+            raise ValueError(f"the partition of layer {layer} does not cover the training clients {ids} once")
+        if layer and any(not any(block <= up for up in partitions[layer - 1]) for block in part):
+            raise ValueError(f"the partition of layer {layer} does not refine layer {layer - 1}'s (not a tree cut)")
+    D = layer_distances({**B, "__new__": B_new}, distance).mean(axis=0)[-1, :-1]
+    d = dict(zip(ids, D, strict=True))
+    finest = partitions[-1]
+    # $$k^* = \arg\min_{S \in P_L} \frac{1}{|S|}\sum_{j \in S} D^{glob}_{new, j}$$ (first minimum: partition order)
+    chosen = finest[int(np.argmin([np.mean([d[j] for j in block]) for block in finest]))]
+    return [next(block for block in part if chosen <= block) for part in partitions]
+
+
 def adjusted_rand(labels_true: Sequence[int], labels_pred: Sequence[int]) -> float:
     """sklearn's adjusted Rand index."""
     from sklearn.metrics import adjusted_rand_score
@@ -375,6 +422,8 @@ def aggregate_tree_lora(states: Mapping[Hashable, Mapping[str, np.ndarray]],
 
 # ----------------------------------------------------------------------------------------------- protocol
 CLUS, EXT, UP = "clus/", "ext/", "lora/"
+PERSONAL = "personal/"
+"""the private state's prefix of the personal pass's adapters (``FederatedLoRA.personal_pass``; Ditto's v_k)"""
 
 
 class FederatedLoRA(FederatedAlgorithm):
@@ -387,7 +436,11 @@ class FederatedLoRA(FederatedAlgorithm):
     messages with ``sharing``. Round ``train_rounds + 1`` evaluates: each client returns the per-item
     correctness of its personalised model on its validation and test splits.
 
-    Subclasses set ``sharing`` (and ``upload_keys``, ``train_A`` / ``train_B``, ``external``).
+    Subclasses set ``sharing`` (and ``upload_keys``, ``train_A`` / ``train_B``, ``external``). A subclass may
+    also give each client a second, private training pass per round (``personal_pass``: its inputs and kwargs;
+    ``personal_outputs``: where its result is kept) and evaluate another model than the one it uploads
+    (``eval_inputs``); both runners (``client_step``, so ``run_in_process`` and Flower, and ``run_batched``) run
+    them. By default there is no second pass and the evaluation scores ``client_inputs``.
 
     Args:
         trainer: the client-side trainer (``client.LoRATrainer``): ``init_state()``, ``keys``, ``layers``,
@@ -505,6 +558,43 @@ class FederatedLoRA(FederatedAlgorithm):
         reply["num_examples"] = int(data.n_train)
         return reply, new_state
 
+    def personal_pass(self, data: Any, rnd: int, message: Mapping[str, Any], state: Mapping[str, Any]
+                      ) -> tuple[tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float]],
+                                 dict[str, Any]] | None:
+        """A second local training pass of round ``rnd`` whose result stays on the client, or None (the default).
+
+        Runs after the uploaded pass, from the same ``message`` and the client's private ``state`` as it was before
+        this round; its result goes through ``personal_outputs`` into the new private state (never into the reply).
+
+        Args:
+            data: the client's data.
+            rnd: the round (1-based).
+            message: the server's message of this round.
+            state: the client's private state before this round.
+
+        Returns:
+            None, or ``((clus, ext, mix_logits), kwargs)``: the trainer's inputs and ``train`` kwargs of the pass.
+        """
+        return None
+
+    def personal_outputs(self, rnd: int, trained: Mapping[str, np.ndarray], mix: Mapping[str, float],
+                         state: Mapping[str, Any]) -> dict[str, Any]:
+        """The private state after a personal pass: ``state`` (after ``client_outputs``) plus the pass's adapters
+        under ``personal/<key>`` (its gate logits are not kept).
+
+        Args:
+            rnd: the round.
+            trained: the personal pass's adapters (peft keys).
+            mix: its gate logits.
+            state: the new private state from ``client_outputs``.
+        """
+        return {**state, **{PERSONAL + k: v for k, v in trained.items()}}
+
+    def eval_inputs(self, message: Mapping[str, Any], state: Mapping[str, Any]
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float]]:
+        """The ``(clus, ext, mix_logits)`` the evaluation round scores (default: ``client_inputs``)."""
+        return self.client_inputs(message, state)
+
     def train_kwargs(self, data: Any, rnd: int) -> dict[str, Any]:
         """The local training settings of ``data``'s client in round ``rnd`` (batch seed ``[seed, cid, rnd]``)."""
         return dict(steps=self.local_steps, lr=self.lr, seed=(self.seed, int(data.cid), rnd), train_A=self.train_A,
@@ -512,14 +602,21 @@ class FederatedLoRA(FederatedAlgorithm):
 
     def client_step(self, data: Any, message: dict[str, Any], state: dict[str, Any], rnd: int
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        clus, ext, mix = self.client_inputs(message, state)
         if message.get("phase") == "eval":
+            clus, ext, mix = self.eval_inputs(message, state)
             return eval_reply(self.trainer.correct(data.val, clus, ext, mix),
                               self.trainer.correct(data.test, clus, ext, mix), mix, ext), state
+        clus, ext, mix = self.client_inputs(message, state)
         if data.n_train == 0:
             raise ValueError(f"client {data.cid} has no training data")
         trained, mix = self.trainer.train(data.train, clus, ext, mix, **self.train_kwargs(data, rnd))
-        return self.client_outputs(data, rnd, trained, mix)
+        reply, new_state = self.client_outputs(data, rnd, trained, mix)
+        personal = self.personal_pass(data, rnd, message, state)
+        if personal is not None:
+            inputs, kwargs = personal
+            trained, mix = self.trainer.train(data.train, *inputs, **kwargs)
+            new_state = self.personal_outputs(rnd, trained, mix, new_state)
+        return reply, new_state
 
 
 def eval_reply(val: np.ndarray, test: np.ndarray, mix: Mapping[str, float], ext: Mapping[str, np.ndarray]
@@ -537,7 +634,8 @@ def run_batched(algorithm: FederatedLoRA, client_data: Sequence[Any], trainer: A
     the same batch draws); ``trainer`` is a ``client.BatchedLoRATrainer`` over the same base, whose per-client
     adapters, gates and AdamW states are independent slices of stacked tensors, so each client's update is its
     own (tests check the result against ``run_in_process`` up to float summation order). About three times
-    faster on a CPU for 8 clients of a tiny model.
+    faster on a CPU for 8 clients of a tiny model. A ``personal_pass`` (Ditto) is a second ``train_many`` over every
+    client after the uploaded pass; the evaluation round scores ``eval_inputs``.
     """
     from ..common.federation import check_payload
 
@@ -548,10 +646,10 @@ def run_batched(algorithm: FederatedLoRA, client_data: Sequence[Any], trainer: A
     client_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
     for rnd in range(1, algorithm.rounds + 1):
         messages = algorithm.configure(rnd, state, ids)
-        inputs = {cid: algorithm.client_inputs(check_payload(messages[cid], f"round {rnd} message to client {cid}"),
-                                               client_states[cid]) for cid in ids}
+        messages = {cid: check_payload(messages[cid], f"round {rnd} message to client {cid}") for cid in ids}
         replies: dict[int, dict[str, Any]] = {}
         if messages[ids[0]].get("phase") == "eval":
+            inputs = {cid: algorithm.eval_inputs(messages[cid], client_states[cid]) for cid in ids}
             for split in ("val", "test"):
                 outs = trainer.correct_many([getattr(client_data[c], split) for c in ids],
                                             [inputs[c] for c in ids])
@@ -560,14 +658,26 @@ def run_batched(algorithm: FederatedLoRA, client_data: Sequence[Any], trainer: A
             replies = {cid: eval_reply(r["val"], r["test"], inputs[cid][2], inputs[cid][1])
                        for cid, r in replies.items()}
         else:
+            inputs = {cid: algorithm.client_inputs(messages[cid], client_states[cid]) for cid in ids}
             empty = [cid for cid in ids if client_data[cid].n_train == 0]
             if empty:
                 raise ValueError(f"clients {empty} have no training data")
+            # the personal passes start from the private states before this round, as in ``client_step``
+            personal = [algorithm.personal_pass(client_data[c], rnd, messages[c], client_states[c]) for c in ids]
             kwargs = [algorithm.train_kwargs(client_data[c], rnd) for c in ids]
             trained = trainer.train_many([client_data[c].train for c in ids], [inputs[c] for c in ids], kwargs)
             for cid, (weights, mix) in zip(ids, trained, strict=True):
                 reply, client_states[cid] = algorithm.client_outputs(client_data[cid], rnd, weights, mix)
                 replies[cid] = check_payload(reply, f"round {rnd} reply of client {cid}")
+            if any(p is not None for p in personal):
+                lacking = [cid for cid, p in zip(ids, personal, strict=True) if p is None]
+                if lacking:
+                    raise ValueError(f"round {rnd}: a batched personal pass needs every client, clients {lacking} "
+                                     "have none")
+                outs = trainer.train_many([client_data[c].train for c in ids], [p[0] for p in personal],
+                                          [p[1] for p in personal])
+                for cid, (weights, mix) in zip(ids, outs, strict=True):
+                    client_states[cid] = algorithm.personal_outputs(rnd, weights, mix, client_states[cid])
         state = algorithm.aggregate(rnd, state, replies)
     return algorithm.result(state)
 
@@ -653,4 +763,4 @@ class FedTreeLoRA(FederatedLoRA):
         else:
             cuts, partitions = independent_partitions(tree.layer_distances, tree.ids, self.tau, self.linkage)
         return {"cuts": cuts, "linkage": tree.linkage, "partitions": partitions, "ids": ids,
-                "layer_distances": tree.layer_distances, "tree": tree}
+                "layer_distances": tree.layer_distances, "tree": tree, "B": B}

@@ -1,4 +1,4 @@
-r"""The embedded default: a planted hierarchy of counting rules over a centrally pretrained tiny Llama.
+r"""The embedded default: shared structure and a planted hierarchy of counting rules over a pretrained tiny Llama.
 
 **Inputs.** Strings of ``length`` letters from ``letters`` (default ``a``-``h``) followed by a query,
 ``"cabhadeg:a="``, written with the lab's character tokenizer (``icml26.common.tiny_lm.char_tokenizer``). Every
@@ -9,12 +9,16 @@ the query letter occurs; counts 0-3 equally often). It learns to find a letter a
 count as a digit; it never sees a client's rule. ``pretrain_corpus`` generates its data.
 
 **Clients (private, federated).** Client k sees the same kind of prompt (query letter uniform over the alphabet)
-and answers ``"1"`` or ``"0"``: is the count of the query letter in its rule's positive set? A rule is written as
-its labels for the counts 0, 1, 2, 3. The planted tree:
+and answers ``"1"`` or ``"0"``: is the count of the query letter in its rule's positive set, **flipped when the
+query letter is one of the shared ``twist`` letters** (default ``a`` and ``b``)? A rule is written as its labels
+for the counts 0, 1, 2, 3. The twist is what every client shares and the base does not know (issue #50 item 3:
+a world where a global model is not capped at zero-shot); the rules are what clients do not share. The planted
+tree:
 
 =========  ======  ===========================  ================================================
 level      blocks  differs by                   default rules (labels of counts 0 1 2 3)
 =========  ======  ===========================  ================================================
+root       1       nothing                      the twist (labels flipped for query letters a, b)
 top        2       the shape of the rule        group 0 "at least t", group 1 "exactly in a band"
 subgroup   4       its parameter                ``0011`` (>= 2), ``0001`` (>= 3), ``0100`` (= 1), ``0110`` (1-2)
 leaf       8       data only                    two clients per rule, disjoint samples
@@ -22,11 +26,21 @@ leaf       8       data only                    two clients per rule, disjoint s
 
 Siblings share the rule; cousins disagree on one count value; rules of different groups disagree on two or
 three, so one global rule cannot serve everyone (FedAvg's conflict). Every client needs the same low-level skill
-(finding and counting the query letter, which the base has) and differs in the decision read from the count: the
-functional structure of the paper's "shared trunk, specialised branches". No rule is the complement of another
-(complements would flip every layer's update and hide the depth structure). Each client draws its counts so that
-its labels are balanced (half of the mass uniform over the rule's positive counts, half over the negative ones),
-a mild statistical heterogeneity on top of the rules.
+(finding and counting the query letter, which the base has) and the same twist (which only federation or local
+data can teach), and differs in the decision read from the count: the functional structure of the paper's
+"shared trunk, specialised branches". No rule is the complement of another (complements would flip every
+layer's update and hide the depth structure). Each client draws its counts so that its labels are balanced
+(half of the mass uniform over the rule's positive counts, half over the negative ones), a mild statistical
+heterogeneity on top of the rules.
+
+**Ceilings** (exact, from the sampling law; ``World.ceilings``): a client that knows its rule and the twist is
+always right (1.0); the best single global predictor ("count >= 1", flipped on the twist letters) scores 0.708
+on average over the default clients; the frozen base's own answer ("count >= 1", never flipped) scores
+0.708 on the untwisted three quarters of the queries and 0.292 on the twisted quarter, 0.604 in all. So a
+global model has 10.4 points to learn over zero-shot and personalisation 29.2 more.
+
+**Unseen clients.** ``unseen_per_rule`` more clients per rule (``World.unseen``, ids after the training
+clients') never take part in training; the generalisation claim personalises them from the trained federation.
 
 Example:
     >>> import numpy as np
@@ -87,44 +101,94 @@ class World:
         per_rule: clients sharing each exact rule.
         letters: the alphabet of the strings.
         length: string length (before the ``:q`` query).
+        twist: query letters whose label every client flips (shared by all; ``""``: no twist).
+        unseen_per_rule: clients per rule held out of training (``unseen``), numbered after ``clients``.
     """
 
     groups: tuple[tuple[str, ...], ...] = (("0011", "0001"), ("0100", "0110"))
     per_rule: int = 2
     letters: str = "abcdefgh"
     length: int = 8
+    twist: str = "ab"
+    unseen_per_rule: int = 1
     clients: list[ClientSpec] = field(init=False)
+    unseen: list[ClientSpec] = field(init=False)
 
     def __post_init__(self) -> None:
         if len(set(self.letters)) != len(self.letters) or len(self.letters) < 3:
             raise ValueError(f"letters must be at least 3 distinct characters, got {self.letters!r}")
         if self.per_rule < 1 or self.length < max(COUNTS) + 1:
             raise ValueError(f"need per_rule >= 1 and length >= {max(COUNTS) + 1}, got {self.per_rule}, {self.length}")
+        if not isinstance(self.twist, str) or set(self.twist) - set(self.letters) or len(set(self.twist)) != len(
+                self.twist) or len(self.twist) >= len(self.letters):
+            raise ValueError(f"twist must be distinct letters of {self.letters!r}, not all of them, got {self.twist!r}")
+        if isinstance(self.unseen_per_rule, bool) or not isinstance(self.unseen_per_rule, int) or self.unseen_per_rule < 0:
+            raise ValueError(f"unseen_per_rule must be a non-negative int, got {self.unseen_per_rule!r}")
         rules = [r for g in self.groups for r in g]
         if not rules or len(set(rules)) != len(rules):
             raise ValueError(f"groups must hold distinct rules, got {self.groups}")
-        self.clients = []
-        sub = 0
-        for g, rules_g in enumerate(self.groups):
-            for rule in rules_g:
-                rule_set(rule)
-                for _ in range(self.per_rule):
-                    self.clients.append(ClientSpec(len(self.clients), rule, g, sub))
-                sub += 1
+        self.clients, self.unseen = [], []
+        for which, count in ((self.clients, self.per_rule), (self.unseen, self.unseen_per_rule)):
+            sub = 0
+            for g, rules_g in enumerate(self.groups):
+                for rule in rules_g:
+                    rule_set(rule)
+                    for _ in range(count):
+                        which.append(ClientSpec(len(self.clients) + len(self.unseen), rule, g, sub))
+                    sub += 1
 
     @property
     def n_clients(self) -> int:
         return len(self.clients)
 
-    def planted_labels(self, level: str) -> np.ndarray:
-        """Cluster labels of the planted tree at ``level`` (``"top"``, ``"subgroup"`` or ``"leaf"``)."""
+    def planted_labels(self, level: str, clients: list[ClientSpec] | None = None) -> np.ndarray:
+        """Cluster labels of the planted tree at ``level`` (``"top"``, ``"subgroup"`` or ``"leaf"``) of the
+        training clients (or of ``clients``, e.g. ``unseen``)."""
+        specs = self.clients if clients is None else clients
         if level == "top":
-            return np.array([c.group for c in self.clients])
+            return np.array([c.group for c in specs])
         if level == "subgroup":
-            return np.array([c.subgroup for c in self.clients])
+            return np.array([c.subgroup for c in specs])
         if level == "leaf":
-            return np.arange(self.n_clients)
+            return np.arange(len(specs))
         raise ValueError(f"level must be 'top', 'subgroup' or 'leaf', got {level!r}")
+
+    def label(self, client: ClientSpec, count: int, q: str) -> int:
+        r"""The client's label of a prompt whose query letter ``q`` occurs ``count`` times.
+
+        $$y = [\mathrm{count} \in P_k] \oplus [q \in \mathrm{twist}]$$
+        """
+        return int(count in client.positive) ^ int(q in self.twist)
+
+    def ceilings(self) -> dict[str, float]:
+        """Exact mean accuracies over the training clients under the sampling law: ``oracle`` (each client's own
+        rule and the twist), ``global`` (the best single predictor of (count, twisted?)), ``zero_shot`` (the
+        base's "count >= 1", never flipped)."""
+        f = len(self.twist) / len(self.letters)
+
+        def acc(client: ClientSpec, pred) -> float:
+            # P(count | y) uniform over the rule's positive (y_rule = 1) or negative counts, y_rule balanced
+            pos, neg = sorted(client.positive), sorted(set(COUNTS) - client.positive)
+            total = 0.0
+            for t, pt in ((False, 1.0 - f), (True, f)):
+                for y_rule, counts in ((1, pos), (0, neg)):
+                    for c in counts:
+                        total += pt * 0.5 / len(counts) * (pred(c, t) == (y_rule ^ int(t)))
+            return total
+
+        masses: dict[tuple[int, bool, int], float] = {}
+        for client in self.clients:
+            pos, neg = client.positive, set(COUNTS) - client.positive
+            for c in COUNTS:
+                for t in (False, True):
+                    y = int(c in pos) ^ int(t)
+                    p = 0.5 / (len(pos) if c in pos else len(neg))
+                    masses[(c, t, y)] = masses.get((c, t, y), 0.0) + p
+        best = {(c, t): int(masses.get((c, t, 1), 0.0) > masses.get((c, t, 0), 0.0)) for c in COUNTS for t in (False, True)}
+        n = len(self.clients)
+        return {"oracle": 1.0,
+                "global": sum(acc(k, lambda c, t: best[(c, t)]) for k in self.clients) / n,
+                "zero_shot": sum(acc(k, lambda c, t: int(c >= 1)) for k in self.clients) / n}
 
     def sample(self, client: ClientSpec, rng: np.random.Generator, n: int) -> tuple[list[str], np.ndarray]:
         """``n`` prompts (without the final ``=``) of ``client``'s distribution and their 0/1 labels."""
@@ -132,14 +196,14 @@ class World:
         neg = sorted(set(COUNTS) - client.positive)
         strings, labels = [], np.zeros(n, dtype=np.int64)
         for i in range(n):
-            y = int(rng.random() < 0.5)
-            count = int(rng.choice(pos if y else neg))
+            y_rule = int(rng.random() < 0.5)
+            count = int(rng.choice(pos if y_rule else neg))
             q = str(rng.choice(list(self.letters)))
             chars = list(rng.choice([c for c in self.letters if c != q], size=self.length))
             for p in rng.choice(self.length, size=count, replace=False):
                 chars[p] = q
             strings.append("".join(chars) + ":" + q)
-            labels[i] = y
+            labels[i] = self.label(client, count, q)
         return strings, labels
 
 
@@ -201,9 +265,12 @@ def encode(tokenizer: Any, strings: list[str]) -> np.ndarray:
 MAX_REDRAWS = 1000
 
 
-def make_clients(world: World, tokenizer: Any, *, n_train: int, n_val: int, n_test: int, seed: int
-                 ) -> list[ClientData]:
+def make_clients(world: World, tokenizer: Any, *, n_train: int, n_val: int, n_test: int, seed: int,
+                 specs: list[ClientSpec] | None = None) -> list[ClientData]:
     """Every client's train / validation / test splits, drawn with ``seed`` (disjoint draws per client).
+
+    ``specs``: which clients (default ``world.clients``; ``world.unseen`` for the held-out clients, whose draws
+    are seeded by their own ids, so they are independent of the training clients').
 
     The splits are disjoint as sets of prompts: a validation or test prompt that an earlier split of the client
     already holds is drawn again (the prompt space is large, so this is rare: none in seeds 0-2 and 100-104, whose
@@ -212,7 +279,7 @@ def make_clients(world: World, tokenizer: Any, *, n_train: int, n_val: int, n_te
     if min(n_train, n_val, n_test) < 1:
         raise ValueError(f"every split needs at least one example, got {n_train}, {n_val}, {n_test}")
     out = []
-    for spec in world.clients:
+    for spec in world.clients if specs is None else specs:
         rng = np.random.default_rng([seed, spec.cid, 17])
         splits, texts = [], {}
         seen: set[str] = set()

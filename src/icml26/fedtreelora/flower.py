@@ -73,6 +73,8 @@ from ..common.federation import (
 )
 from ..common.optional import requires
 from .baselines import (
+    Ditto,
+    FedAvgFT,
     FedAvgLoRA,
     FedSALoRA,
     FFALoRA,
@@ -89,7 +91,8 @@ requires("flwr", extra="fedtreelora", purpose="the Flower App of fedtreelora")
 APP_DIR = Path(__file__).with_name("flower_app")
 """The Flower App project (``flwr run`` takes this folder)."""
 ARMS: dict[str, type[FederatedLoRA]] = {
-    "fedtreelora": FedTreeLoRA, "local": LocalLoRA, "fedavg_lora": FedAvgLoRA, "ffa_lora": FFALoRA,
+    "fedtreelora": FedTreeLoRA, "local": LocalLoRA, "fedavg_lora": FedAvgLoRA, "fedavg_ft": FedAvgFT, "ditto": Ditto,
+    "ffa_lora": FFALoRA,
     "fedsa_lora": FedSALoRA, "fixed_depth": FixedDepthLoRA, "flat_cluster": FlatClusterLoRA,
     "oracle_cluster": OracleClusterLoRA,
 }
@@ -153,6 +156,10 @@ def algorithm_from_run_config(run_config: Mapping[str, Any]) -> FederatedLoRA:
                            external=bool(run_config["external"]))
     if arm == "fixed_depth":
         return FixedDepthLoRA(trainer, share_layers=int(run_config["share-layers"]), **kw)
+    if arm == "fedavg_ft":
+        return FedAvgFT(trainer, ft_rounds=int(run_config["ft-rounds"]), **kw)
+    if arm == "ditto":
+        return Ditto(trainer, lam=float(run_config["ditto-lam"]), **kw)
     if arm == "flat_cluster":
         return FlatClusterLoRA(trainer, warmup_rounds=int(run_config["warmup-rounds"]), tau=float(run_config["tau"]),
                                distance=str(run_config["distance"]), linkage=str(run_config["linkage"]), **kw)
@@ -194,6 +201,10 @@ def run_config_of(algorithm: FederatedLoRA, n_clients: int, policy: FailurePolic
                        "linkage": a.linkage})
     elif isinstance(a, FixedDepthLoRA):
         config["share-layers"] = len(a.shared_layers)
+    elif isinstance(a, FedAvgFT):
+        config["ft-rounds"] = int(a.ft_rounds)
+    elif isinstance(a, Ditto):
+        config["ditto-lam"] = float(a.lam)
     elif isinstance(a, OracleClusterLoRA):
         config["oracle-labels"] = json.dumps([int(v) for v in a.labels])
     return config
