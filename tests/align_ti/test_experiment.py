@@ -25,6 +25,11 @@ def test_smoke_run_through_the_cli(tmp_path):
     assert set(ARMS) | {"teacher", "student_init"} <= set(arms)
     assert len(arms["align_ti"]["exact_match"]["unit_values"][0]) == SMOKE.n_test
     assert arms["setup"]["flop_ratio_align_ti_vs_kd"]["mean"] > 1.0
+    for arm in ARMS:  # every choice is in the result
+        assert {"lr", "val_accuracy", "lr_at_edge", "lr_grid_min", "lr_grid_max", "train_s"} <= set(arms[arm])
+    # smoke's two-rate grid is not extended: every choice is on an edge, and the headline says so
+    headline = next(c for c in data["claims"] if c["id"] == experiment.HEADLINE)
+    assert "learning rate on the edge of its grid" in str(headline["notes"])
     assert (tmp_path / "align_ti" / "smoke_exact_match_by_arm.png").is_file()
 
 
@@ -75,6 +80,35 @@ def test_on_policy_batch_keeps_prompts_and_labels_only_the_sample():
         assert tok.eos_token_id not in gen[:-1].tolist()
 
 
+def test_on_policy_samples_never_hold_the_image_placeholder():
+    """A student that puts almost all its mass on ``<image>``: the on-policy responses avoid it (a LLaVA forward
+    refuses a response holding image tokens beyond the image's), and the batch runs through the student."""
+    from icml26.common.tiny_vlm import (
+        SceneSpec,
+        VLMSpec,
+        encode,
+        make_items,
+        sample_scenes,
+        tiny_vlm,
+        vlm_tokenizer,
+    )
+
+    tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
+    model = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=0)
+    image = tok.convert_tokens_to_ids("<image>")
+    with torch.no_grad():
+        model.lm_head.weight[image] = 50.0 * model.model.language_model.norm.weight.sign()
+    rng = np.random.default_rng(0)
+    attrs = sample_scenes(scenes, rng, 6)
+    batch = encode(tok, make_items(scenes, attrs, rng, ["patch", "count", "object"]), scenes, attrs, rng)
+    torch.manual_seed(0)
+    out = on_policy_batch(model, tok, batch)
+    sampled = out["labels"][out["labels"] != -100]
+    assert len(sampled) >= 6 and image not in sampled.tolist()
+    with torch.no_grad():
+        model(**{k: v for k, v in out.items() if k != "labels"})
+
+
 def test_test_items_depend_on_the_seed_only_and_have_long_answers():
     a, b, c = build_test_set(SMOKE, 0, 30), build_test_set(SMOKE, 0, 30), build_test_set(SMOKE, 1, 30)
     assert np.array_equal(a.attrs, b.attrs) and a.items == b.items and not np.array_equal(a.attrs, c.attrs)
@@ -94,6 +128,7 @@ def test_learning_rates_are_chosen_on_validation_and_cached(tmp_path, monkeypatc
     cfg = dataclasses.replace(SMOKE, lr_grid=(1e-3, 3e-3))
     choice = experiment.tune_learning_rates(cfg, None)
     assert {a: c["lr"] for a, c in choice.items()} == {a: 3e-3 if a == "align_ti" else 1e-3 for a in ARMS}
+    assert all(c["at_edge"] and c["grid"] == [1e-3, 3e-3] for c in choice.values())  # smoke: no extension
     assert choice["vanilla_kd_cm"] == choice["vanilla_kd"] == choice["vanilla_kd_flops"]  # same method, more steps
     assert {a for a, _ in calls} == set(ARMS) - {"vanilla_kd_cm", "vanilla_kd_flops"}
 
@@ -152,9 +187,28 @@ def test_compute_matched_arms_train_the_pre_registered_and_the_flop_steps(monkey
 
     monkeypatch.setattr(experiment, "train_vlm", fake_train)
     monkeypatch.setattr(experiment, "compute_ratio", lambda cfg, parts: 2.5)
-    monkeypatch.setattr(experiment, "loss_fn_for", lambda *a, **k: None)
+    monkeypatch.setattr(experiment, "loss_fn_for", lambda *a, **k: (None, []))
     cfg = dataclasses.replace(SMOKE, steps=100)
     parts = (None, object(), None, 0)
     for arm, steps in (("vanilla_kd", 100), ("vanilla_kd_cm", 143), ("vanilla_kd_flops", 250)):
         experiment.train_arm(arm, cfg, 1e-3, 0, parts, record=set())
         assert seen["steps"] == steps, arm
+
+
+def test_ivas_projection_trains_with_the_student_in_the_reproduction(monkeypatch):
+    """The arms with IVA hand their loss's projection (student width to teacher width) to ``train_vlm`` as trained
+    parameters; the others hand none."""
+    seen = {}
+
+    def fake_train(student, sampler, *, extra_params=(), **kw):
+        seen["extra"] = [tuple(p.shape) for p in extra_params]
+
+    monkeypatch.setattr(experiment, "train_vlm", fake_train)
+    monkeypatch.setattr(experiment, "compute_ratio", lambda cfg, parts: 2.0)
+    from icml26.common.tiny_vlm import vlm_tokenizer
+
+    parts = (None, object(), vlm_tokenizer(), 0)
+    for arm, extra in (("kd_iva", [(128, 64)]), ("align_ti", [(128, 64)]), ("vanilla_kd", []), ("gkd", []),
+                       ("sft", [])):
+        experiment.train_arm(arm, SMOKE, 1e-3, 0, parts)
+        assert seen["extra"] == extra, arm

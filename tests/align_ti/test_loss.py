@@ -18,8 +18,10 @@ from icml26.align_ti.loss import (
     instruction_vision_attention,
     irs_from_alphas,
     iva_divergence,
+    iva_hidden_divergence,
     kd_divergence,
     propose_alternatives,
+    student_layer_for,
     tpa_divergence,
 )
 
@@ -99,6 +101,58 @@ def test_iva_matches_reference_and_gradient(topk):
     assert torch.autograd.gradcheck(
         lambda z: iva_divergence(z, t, w, topk=topk).double(), (x,), eps=1e-6, atol=1e-4
     )
+
+
+@pytest.mark.parametrize("topk", [None, 2])
+def test_iva_hidden_matches_reference_and_gradient(topk):
+    """IVA on hidden states against the float64 loops (projection and cosine written out), and its gradient in the
+    student's states and in the projection against finite differences."""
+    g = torch.Generator().manual_seed(11)
+    s = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
+    t = torch.randn(2, 6, 5, generator=g, dtype=torch.float64) * 7.0  # another width, another scale
+    proj = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    w = torch.tensor([[0, 0.5, 0.3, 0.2, 0, 0], [0, 0.1, 0.15, 0.75, 0, 0]], dtype=torch.float64)
+    wr = w.numpy().copy()
+    if topk == 2:
+        wr = np.array([[0, 0.5 / 0.8, 0.3 / 0.8, 0, 0, 0], [0, 0, 0.15 / 0.9, 0.75 / 0.9, 0, 0]])
+    ours = iva_hidden_divergence(s, t, w, proj, topk=topk)
+    ref = reference.iva_hidden(s.numpy(), t.numpy(), wr, proj.numpy())
+    assert float(ours) == pytest.approx(ref, rel=1e-10)
+    # scale-free in both models' states: the teacher's and the student's norms do not matter
+    assert float(iva_hidden_divergence(s * 3.0, t / 5.0, w, proj, topk=topk)) == pytest.approx(ref, rel=1e-10)
+    x, p = s.clone().requires_grad_(True), proj.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a, b: iva_hidden_divergence(a, t, w, b, topk=topk), (x, p), eps=1e-6, atol=1e-5
+    )
+    # equal widths without a projection: the identity; aligned states (any positive scale) give 0
+    same = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
+    assert float(iva_hidden_divergence(same, 2.5 * same, w)) == pytest.approx(0.0, abs=1e-12)
+    assert float(iva_hidden_divergence(same, t, w)) == pytest.approx(
+        reference.iva_hidden(same.numpy(), t.numpy(), w.numpy()), rel=1e-10
+    )
+    # only the weighted (visual) positions count: other positions may hold anything
+    t2 = t.clone()
+    t2[:, 0] += 100.0
+    t2[:, 5] *= -1.0
+    assert float(iva_hidden_divergence(s, t2, w, proj, topk=topk)) == pytest.approx(ref, rel=1e-10)
+
+
+def test_iva_hidden_bad_input():
+    s, t, w = torch.zeros(1, 3, 4), torch.ones(1, 3, 6), torch.ones(1, 3) / 3
+    with pytest.raises(ValueError, match="give a projection"):
+        iva_hidden_divergence(s, t, w)
+    with pytest.raises(ValueError, match="projection must be"):
+        iva_hidden_divergence(s, t, w, torch.zeros(4, 6))
+    with pytest.raises(ValueError, match="weights"):
+        iva_hidden_divergence(s, t, torch.ones(1, 4), torch.zeros(6, 4))
+    with pytest.raises(ValueError, match="non-negative"):
+        iva_hidden_divergence(s, t, -w, torch.zeros(6, 4))
+    with pytest.raises(ValueError, match="same B and T"):
+        iva_hidden_divergence(s, torch.ones(1, 2, 6), w, torch.zeros(6, 4))
+    assert [student_layer_for(layer, 3, 2) for layer in range(3)] == [0, 0, 1]
+    assert [student_layer_for(layer, 4, 4) for layer in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="iva_layer"):
+        student_layer_for(4, 4, 2)
 
 
 def test_branch_mask_by_hand():
@@ -239,13 +293,17 @@ def test_align_ti_loss_terms_equal_the_plain_forwards_by_hand(sharp_models, iva_
     prompt after BOS, outside image and padding)."""
     tok, teacher, student, batch = sharp_models
     image = tok.convert_tokens_to_ids("<image>")
-    loss = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_num_alternatives=2)
+    loss = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_num_alternatives=2, student_width=16,
+                       teacher_width=32)
+    with torch.no_grad():  # a projection away from its identity start, so a wrong one shows
+        loss.iva_projection.weight.copy_(torch.randn(32, 16, generator=torch.Generator().manual_seed(4)))
     out = loss(student, teacher, batch)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         sft = student(**batch).loss
-        s = student(**inputs).logits.double().numpy()
-        t_out = teacher(**inputs, output_attentions=True)
+        s_out = student(**inputs, output_hidden_states=True)
+        t_out = teacher(**inputs, output_attentions=True, output_hidden_states=True)
+    s = s_out.logits.double().numpy()
     t = t_out.logits.double().numpy()
     ids, labels, valid = batch["input_ids"], batch["labels"], batch["attention_mask"].bool()
     assert float(out["sft"]) == pytest.approx(float(sft), rel=1e-5)
@@ -255,13 +313,20 @@ def test_align_ti_loss_terms_equal_the_plain_forwards_by_hand(sharp_models, iva_
     instruction = valid & (ids != image) & (labels == -100)
     instruction[:, 0] = False  # BOS
     w = reference.alpha(t_out.attentions[iva_layer].double().numpy(), visual.numpy(), instruction.numpy())
-    assert float(out["iva"]) == pytest.approx(reference.iva(s, t, w), rel=1e-4)
+    # IVA: the teacher's input of layer l* (hidden_states[l*]) against the student's input of its layer
+    # floor(l* * 1 / 2) = 0, through the projection
+    iva = reference.iva_hidden(s_out.hidden_states[0].double().numpy(), t_out.hidden_states[iva_layer].double().numpy(),
+                               w, loss.iva_projection.weight.detach().double().numpy())
+    assert float(out["iva"]) == pytest.approx(iva, rel=1e-4)
+    # the earlier reading (iva_target="logits"): the KL of the LM-head outputs at the image positions
+    on_logits = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_weight=0, iva_target="logits")
+    assert float(on_logits(student, teacher, batch)["iva"]) == pytest.approx(reference.iva(s, t, w), rel=1e-4)
 
 
 def test_align_ti_loss_terms_and_gradient(models):
     tok, teacher, student, batch = models
     image = tok.convert_tokens_to_ids("<image>")
-    full = AlignTILoss(iva_layer=1, image_token_id=image)
+    full = AlignTILoss(iva_layer=1, image_token_id=image, student_width=16, teacher_width=32)
     out = full(student, teacher, batch)
     assert set(out) == {"loss", "sft", "kd", "iva", "tpa"} and all(float(out[k].detach()) > 0 for k in out)
     total = out["sft"] + out["kd"] + out["iva"] + out["tpa"]
@@ -273,8 +338,12 @@ def test_align_ti_loss_terms_and_gradient(models):
     out["loss"].backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.parameters())
     assert all(p.grad is None for p in teacher.parameters())
-    # the student is not a teacher of itself: identical models give zero KD, IVA and TPA
-    same = full(teacher, teacher, batch)
+    # IVA's projection is trained with the student: it gets a gradient, and it is the loss's only parameter
+    assert [p is full.iva_projection.weight for p in full.parameters()] == [True]
+    assert full.iva_projection.weight.grad is not None and full.iva_projection.weight.grad.abs().sum() > 0
+    # the student is not a teacher of itself: identical models give zero KD, IVA (projection at its identity
+    # start) and TPA
+    same = AlignTILoss(iva_layer=1, image_token_id=image, student_width=32, teacher_width=32)(teacher, teacher, batch)
     assert all(float(same[k]) == pytest.approx(0.0, abs=1e-6) for k in ("kd", "iva", "tpa"))
 
 
@@ -286,9 +355,21 @@ def test_bad_input(models):
     with pytest.raises(ValueError, match="branch count"):
         AlignTILoss(tpa_num_alternatives=0, iva_weight=0)
     with pytest.raises(ValueError, match=r"iva_layer must be in 0\.\.1"):
-        AlignTILoss(iva_layer=2, image_token_id=image)(student, teacher, batch)
+        AlignTILoss(iva_layer=2, image_token_id=image, student_width=16, teacher_width=32)(student, teacher, batch)
     with pytest.raises(ValueError, match="iva_layer and image_token_id"):
         AlignTILoss()
+    with pytest.raises(ValueError, match="student_width"):
+        AlignTILoss(iva_layer=1, image_token_id=image)
+    with pytest.raises(ValueError, match="teacher_width"):
+        AlignTILoss(iva_layer=1, image_token_id=image, student_width=16, teacher_width=0)
+    with pytest.raises(ValueError, match="iva_target"):
+        AlignTILoss(iva_layer=1, image_token_id=image, iva_target="attention")
+    with pytest.raises(ValueError, match=r"student_width=32 and teacher_width=16 must be the models' hidden sizes"):
+        AlignTILoss(iva_layer=1, image_token_id=image, student_width=32, teacher_width=16, tpa_weight=0)(
+            student, teacher, batch)
+    with pytest.raises(ValueError, match=r"iva_student_layer must be in 0\.\.0"):
+        AlignTILoss(iva_layer=1, image_token_id=image, student_width=16, teacher_width=32, iva_student_layer=1,
+                    tpa_weight=0)(student, teacher, batch)
     with pytest.raises(ValueError, match="share a vocabulary"):
         kd_divergence(torch.zeros(1, 2, 5), torch.zeros(1, 2, 6), torch.ones(1, 2, dtype=torch.bool))
     from icml26.common.tiny_vlm import SceneSpec, VLMSpec, tiny_vlm
@@ -324,7 +405,8 @@ def test_bad_input(models):
             SceneSpec(grid=2),
             seed=0,
         )
-        AlignTILoss(image_token_id=image, iva_layer=0, tpa_weight=0)(student, sdpa, batch)
+        AlignTILoss(image_token_id=image, iva_layer=0, tpa_weight=0, student_width=16, teacher_width=32)(
+            student, sdpa, batch)
     assert isinstance(Branches, type)
 
 
@@ -349,6 +431,7 @@ def deep():
     tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
     teacher = _sharpened(tiny_vlm(tok, VLMSpec(hidden=32, layers=3, intermediate=64), scenes, seed=5), 6.0).eval()
     student = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=6).eval()
+    student2 = _sharpened(tiny_vlm(tok, VLMSpec(hidden=16, layers=2, intermediate=32), scenes, seed=7), 6.0).eval()
     rng = np.random.default_rng(1)
     attrs = sample_scenes(scenes, rng, 4)
     batch = encode(tok, make_items(scenes, attrs, rng, ["patch", "count", "object"]), scenes, attrs, rng)
@@ -356,7 +439,7 @@ def deep():
     a = [item_for(scenes, attrs[i], "patch", patch=i % 4) for i in range(4)]
     b = [item_for(scenes, attrs[i], "patch", patch=(i + 1) % 4) for i in range(4)]
     pairs = [(encode(tok, a, scenes, None, images=images), encode(tok, b, scenes, None, images=images))]
-    return tok, teacher, student, batch, pairs
+    return tok, teacher, student, batch, pairs, student2
 
 
 def _hand_masks(batch, image):
@@ -371,7 +454,7 @@ def _hand_masks(batch, image):
 def test_irs_per_layer_matches_the_reference_on_a_three_layer_teacher(deep):
     """IRS(l) for l = 0, 1, 2 in layer order, from the float64 reference on the teacher's own attention maps,
     instruction rows excluding the answer (the pairs carry labels)."""
-    tok, teacher, _student, _batch, pairs = deep
+    tok, teacher, _student, _batch, pairs, _ = deep
     image = tok.convert_tokens_to_ids("<image>")
     ours = instruction_relevance_scores(teacher, pairs, image)
     alphas = []
@@ -391,19 +474,23 @@ def test_irs_per_layer_matches_the_reference_on_a_three_layer_teacher(deep):
 
 @pytest.mark.parametrize("iva_layer", [0, 1, 2])
 def test_iva_uses_layer_l_star_of_a_three_layer_teacher(deep, iva_layer):
-    """IVA weighted by the teacher's attention at ``iva_layer`` (not the last layer, not its neighbour), against
-    the float64 reference; the three layers give three different values."""
-    tok, teacher, student, batch, _pairs = deep
+    """IVA weighted by the teacher's attention at ``iva_layer`` and aligning the teacher's input of that layer (not
+    the last layer, not its neighbour), against the float64 reference; the three layers give three different
+    values."""
+    tok, teacher, student, batch, _pairs, _ = deep
     image = tok.convert_tokens_to_ids("<image>")
-    out = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_weight=0)(student, teacher, batch)
+    loss = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_weight=0, student_width=16, teacher_width=32)
+    out = loss(student, teacher, batch)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
-        s = student(**inputs).logits.double().numpy()
-        t_out = teacher(**inputs, output_attentions=True)
+        s = student(**inputs, output_hidden_states=True).hidden_states[0].double().numpy()
+        t_out = teacher(**inputs, output_attentions=True, output_hidden_states=True)
     vis, inst = _hand_masks(batch, image)
+    proj = np.eye(32, 16)
     values = [
-        reference.iva(s, t_out.logits.double().numpy(), reference.alpha(m.double().numpy(), vis, inst))
-        for m in t_out.attentions
+        reference.iva_hidden(s, t_out.hidden_states[i].double().numpy(),
+                             reference.alpha(m.double().numpy(), vis, inst), proj)
+        for i, m in enumerate(t_out.attentions)
     ]
     assert float(out["iva"]) == pytest.approx(values[iva_layer], rel=1e-5)
     assert min(abs(values[i] - values[j]) for i, j in ((0, 1), (0, 2), (1, 2))) > 1e-4 * max(values)
@@ -414,7 +501,7 @@ def test_only_layer_l_star_attention_is_taken(deep):
     from a hook on its attention module and equals what ``output_attentions=True`` returns for that layer."""
     from icml26.align_ti.loss import _forward_with_attention
 
-    tok, teacher, student, batch, _pairs = deep
+    tok, teacher, student, batch, _pairs, _ = deep
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         full = teacher(**inputs, output_attentions=True)
@@ -427,7 +514,46 @@ def test_only_layer_l_star_attention_is_taken(deep):
         lambda m, a, kw: seen.append(kw.get("output_attentions")), with_kwargs=True
     )
     try:
-        AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"))(student, teacher, batch)
+        AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"), student_width=16,
+                    teacher_width=32)(student, teacher, batch)
     finally:
         hook.remove()
     assert seen == [None]
+
+
+@pytest.mark.parametrize("iva_layer", [0, 1, 2])
+def test_iva_aligns_the_student_layer_at_the_same_relative_depth(deep, iva_layer):
+    """A 2-layer student under a 3-layer teacher: IVA aligns the student's input of layer floor(l* 2 / 3) = 0, 0, 1
+    (``hidden_states[s]``) with the teacher's input of l*, at the image positions the teacher's l* attention
+    weights, through the projection; ``iva_student_layer`` overrides s. Against the float64 reference."""
+    tok, teacher, _student, batch, _pairs, student2 = deep
+    image = tok.convert_tokens_to_ids("<image>")
+    proj = torch.randn(32, 16, generator=torch.Generator().manual_seed(9))
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        s_hs = student2(**inputs, output_hidden_states=True).hidden_states
+        t_out = teacher(**inputs, output_attentions=True, output_hidden_states=True)
+    vis, inst = _hand_masks(batch, image)
+    w = reference.alpha(t_out.attentions[iva_layer].double().numpy(), vis, inst)
+    t = t_out.hidden_states[iva_layer].double().numpy()
+    ref = [reference.iva_hidden(s_hs[k].double().numpy(), t, w, proj.double().numpy()) for k in (0, 1)]
+    assert abs(ref[0] - ref[1]) > 1e-3 * max(ref)  # the two student layers differ, so a wrong one shows
+    for s_layer, expected in ((None, [0, 0, 1][iva_layer]), (0, 0), (1, 1)):
+        loss = AlignTILoss(iva_layer=iva_layer, image_token_id=image, tpa_weight=0, student_width=16,
+                           teacher_width=32, iva_student_layer=s_layer)
+        with torch.no_grad():
+            loss.iva_projection.weight.copy_(proj)
+        assert float(loss(student2, teacher, batch)["iva"]) == pytest.approx(ref[expected], rel=1e-5), s_layer
+
+
+def test_ivas_projection_starts_at_the_identity_embedding_without_a_random_draw():
+    """``P`` starts at ``eye(teacher_width, student_width)`` (identical models start at IVA 0) and building the loss
+    draws nothing from torch's global random state (the reproduction's other draws stay where they were)."""
+    state = torch.random.get_rng_state()
+    loss = AlignTILoss(iva_layer=0, image_token_id=4, student_width=3, teacher_width=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(loss.iva_projection.weight.detach(), torch.eye(5, 3))
+    assert loss.iva_projection.bias is None and loss.iva_projection.weight.requires_grad
+    # without IVA on hidden states the loss holds no parameter
+    assert list(AlignTILoss(iva_layer=0, image_token_id=4, iva_target="logits").parameters()) == []
+    assert list(AlignTILoss(iva_weight=0).parameters()) == []

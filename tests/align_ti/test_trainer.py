@@ -45,7 +45,8 @@ def setup(tmp_path):
         )
         return GKDConfig(**{**base, **kw})
 
-    loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"))
+    loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"), student_width=16,
+                       teacher_width=32)
     return tok, scenes, teacher, student, data, args, loss
 
 
@@ -87,6 +88,11 @@ def test_trainer_loss_is_align_ti_and_the_student_learns(setup, tmp_path):
         trainer.train()
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert {"sft", "kd", "iva", "tpa"} <= set(logged[0])
+    # IVA's projection is in the trainer's optimiser (a group of its own, no weight decay) and has moved
+    proj = loss.iva_projection.weight
+    groups = [g for g in trainer.optimizer.param_groups if any(p is proj for p in g["params"])]
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.0
+    assert not torch.equal(proj, torch.eye(32, 16))
     student.eval()
     assert float(loss(student, teacher, batch)["loss"].detach()) < direct
     # the trained student saves and reloads as a plain transformers model, same outputs
@@ -141,7 +147,8 @@ def test_trainer_refuses_temperature_and_beta_it_would_ignore(setup):
     with pytest.raises(ValueError, match=r"beta=1\.0 is not honoured"):
         AlignTITrainer(args=args(beta=1.0), align_loss=loss, **kw)
     image = tok.convert_tokens_to_ids("<image>")
-    reverse = AlignTILoss(iva_layer=1, image_token_id=image, kd_direction="reverse", temperature=2.0)
+    reverse = AlignTILoss(iva_layer=1, image_token_id=image, kd_direction="reverse", temperature=2.0,
+                          student_width=16, teacher_width=32)
     trainer = AlignTITrainer(args=args(beta=1.0, temperature=2.0), align_loss=reverse, **kw)
     assert trainer.align_loss is reverse
     with pytest.raises(ValueError, match=r"beta=0\.0 is not honoured"):
@@ -152,7 +159,8 @@ def test_predict_returns_the_students_logits_and_the_loss(setup):
     """``predict`` (Trainer.prediction_step through compute_loss(return_outputs=True)): the student's sequence
     logits, the batch's labels and Align-TI's loss on it, equal to the direct computations."""
     tok, _scenes, teacher, student, data, args, _ = setup
-    loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"), tpa_weight=0)
+    loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"), tpa_weight=0,
+                       student_width=16, teacher_width=32)
     trainer = AlignTITrainer(model=student, teacher_model=teacher, args=args(per_device_eval_batch_size=16),
                              train_dataset=data, data_collator=VLMCollator(tok), processing_class=tok,
                              align_loss=loss)
@@ -180,7 +188,7 @@ def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):
 
     tok, scenes, teacher, student, _, args, loss = setup
     steps, batch_size, lr = 4, 8, 3e-3
-    ours = copy.deepcopy(student)
+    ours, our_loss = copy.deepcopy(student), copy.deepcopy(loss)
     train_vlm(
         ours,
         instruction_sampler(tok, scenes, ("patch", "count"), batch_size),
@@ -188,7 +196,8 @@ def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):
         lr=lr,
         seed=3,
         desc=None,
-        loss_fn=lambda m, b: loss(m, teacher, b)["loss"],
+        extra_params=our_loss.parameters(),
+        loss_fn=lambda m, b: our_loss(m, teacher, b)["loss"],
     )
     # the same batches as rows of a dataset, in order
     rng = np.random.default_rng(3)
@@ -208,8 +217,8 @@ def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):
     import datasets
 
     data = datasets.Dataset.from_list(rows).with_format("torch")
-    theirs = copy.deepcopy(student)
-    params = trainable_parameters(theirs, "projector+lm")
+    theirs, their_loss = copy.deepcopy(student), copy.deepcopy(loss)
+    params = trainable_parameters(theirs, "projector+lm", their_loss.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     n_warm = max(1, round(0.03 * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -232,7 +241,7 @@ def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):
         train_dataset=data,
         data_collator=VLMCollator(tok),
         processing_class=tok,
-        align_loss=loss,
+        align_loss=their_loss,
         optimizers=(opt, sched),
     )
     with contextlib.redirect_stdout(io.StringIO()):
@@ -244,3 +253,11 @@ def test_trainer_and_the_reproduction_loop_give_the_same_student(setup):
         assert torch.allclose(a, b, atol=2e-5), name
         moved += int(not torch.equal(a, s))
     assert moved > 0
+    # IVA's projection trained alike in both, away from its start
+    assert torch.allclose(our_loss.iva_projection.weight, their_loss.iva_projection.weight, atol=2e-5)
+    assert not torch.equal(our_loss.iva_projection.weight, loss.iva_projection.weight)
+    # an optimiser without the projection is refused (it would stay at its start)
+    bare = torch.optim.AdamW(trainable_parameters(copy.deepcopy(student), "projector+lm"), lr=lr)
+    with pytest.raises(ValueError, match=r"does not hold align_loss\.parameters"):
+        InOrder(model=theirs, teacher_model=teacher, args=args(), train_dataset=data, data_collator=VLMCollator(tok),
+                processing_class=tok, align_loss=copy.deepcopy(loss), optimizers=(bare, None))

@@ -4,8 +4,8 @@ Paper: "Beyond Next-Token Alignment: Distilling Multimodal Large Language Models
 2026. https://arxiv.org/abs/2602.09483
 
 Knowledge distillation for MLLMs that aligns token interactions, not only next-token distributions: IVA aligns
-the student's distributions with the teacher's on the visual tokens the instruction attends to (teacher
-attention at the most instruction-relevant layer), and TPA aligns the next-step distributions after the
+the student's hidden states with the teacher's (through a learned projection) on the visual tokens the instruction
+attends to (teacher attention at the most instruction-relevant layer), and TPA aligns the next-step distributions after the
 student's alternative tokens, all branches in one forward pass through a branch attention mask.
 
 IVA and TPA are **reconstructions**: the authors released evaluation code only (no loss code); see README.
@@ -23,6 +23,7 @@ from .loss import (
     instruction_relevance_scores,
     instruction_vision_attention,
     iva_divergence,
+    iva_hidden_divergence,
     kd_divergence,
     propose_alternatives,
     tpa_divergence,
@@ -37,6 +38,7 @@ __all__ = [
     "instruction_relevance_scores",
     "instruction_vision_attention",
     "iva_divergence",
+    "iva_hidden_divergence",
     "kd_divergence",
     "propose_alternatives",
     "tpa_divergence",

@@ -23,7 +23,9 @@ starts from that checkpoint with the same batches and the same test items:
 
 Reference arms: ``teacher`` (the ceiling: the teacher on the same test items) and ``student_init`` (the student's
 stage-1 checkpoint before any stage-2 training: the trivial baseline). Each trained arm's learning rate is chosen
-from ``lr_grid`` on a validation split (lab seed, own scenes; cached), as in MoDA. Metrics per test item (paired
+from ``lr_grid`` on a validation split (lab seed, own scenes; cached), bracketed as in MoDA (an edge choice extends
+the grid, ``lr_extend``; ``lr``, the grid and ``lr_at_edge`` are in the result, and an edge choice is noted on the
+headline claim). The stage-2 budget ``steps`` is the stage-2 pilot's (README Deviation 13). Metrics per test item (paired
 by item, pooled over seeds): ``exact_match`` (the whole answer and ``</s>`` argmax-correct under teacher forcing
 = greedy decoding), ``token_accuracy``, ``agreement`` (share of answer positions where the student's argmax is the
 teacher's), and on the five-token ``describe patch`` items ``long_exact_match``; per arm ``train_s`` (wall-clock)
@@ -41,6 +43,7 @@ Example (the test items and the arms' objectives; ``run(PRESETS["smoke"])`` trai
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -50,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
@@ -75,8 +79,15 @@ from .loss import AlignTILoss, generalized_jsd, instruction_relevance_scores
 ARMS = ("sft", "vanilla_kd", "gkd", "kd_iva", "kd_tpa", "align_ti", "vanilla_kd_cm", "vanilla_kd_flops")
 #: arms that are vanilla KD with more steps: they take vanilla KD's learning rate
 MORE_KD = ("vanilla_kd_cm", "vanilla_kd_flops")
-#: version of the tuning procedure (bump when a change alters which learning rate an arm would get)
-TUNING_VERSION = 1
+#: version of the tuning procedure (bump when a change alters which learning rate an arm would get; 2: IVA on
+#: hidden states, per-family validation accuracy stored, bracketed grid, issue #54)
+TUNING_VERSION = 2
+#: the claim that carries the note on learning rates still on an edge of their grid
+HEADLINE = "vs_vanilla_kd"
+#: the doubling grid of stage-2 budgets the pilot's rule chooses from (README Deviation 13)
+STAGE2_BUDGETS = (200, 400, 800, 1600)
+#: seconds of the full preset's estimated stage-2 training the chosen budget may take (README Deviation 13)
+STAGE2_TIME_CAP_S = 800.0
 
 
 @dataclass
@@ -103,15 +114,20 @@ class Config:
     """student language-model layers"""
     stage1_steps: int = 800
     """lab stage 1 (captions) of both models"""
-    steps: int = 200
+    steps: int = 400
     """stage-2 distillation steps of every arm (``vanilla_kd_cm``: times ``kd_step_ratio``; ``vanilla_kd_flops``:
-    times the measured FLOP ratio)"""
+    times the measured FLOP ratio); chosen by the stage-2 pilot's rule (README Deviation 13,
+    ``results/align_ti/stage2_pilot.json``: the largest budget full affords; 200 before)"""
     kd_step_ratio: float = 1.43
     """the pre-registered compute match of ``vanilla_kd_cm`` (TPA's training-time cost, ICLR 2026 reviews)"""
     batch_size: int = 32
     """scenes per distillation step"""
-    lr_grid: tuple[float, ...] = (2e-3, 4e-3)
-    """peak learning rates tried for every arm (chosen on the validation split)"""
+    lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
+    """stage-2 peak learning rates tried for every tuned arm (increasing, at least two; chosen on the validation
+    split, bracketed: ``lr_extend``)"""
+    lr_extend: int = 2
+    """how many times a choice on an edge of ``lr_grid`` extends the grid one rate past that edge (the grid's
+    first ratio); a choice still on an edge is flagged (``lr_at_edge``) and noted on the headline claim"""
     tpa_num_alternatives: int = 4
     """TPA's branches per response position"""
     gkd_beta: float = 0.5
@@ -127,6 +143,14 @@ class Config:
     arms: tuple[str, ...] = ARMS
     """arms trained"""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
+            raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
+        grid = [float(v) for v in self.lr_grid]
+        if len(grid) < 2 or not all(np.isfinite(v) and v > 0 for v in grid) or any(
+                b <= a for a, b in itertools.pairwise(grid)):
+            raise ValueError(f"lr_grid must hold at least two increasing positive rates, got {self.lr_grid!r}")
+
 
 PRESETS: dict[str, Config] = {
     "smoke": Config(
@@ -134,7 +158,8 @@ PRESETS: dict[str, Config] = {
         stage1_steps=40,
         steps=6,
         batch_size=8,
-        lr_grid=(3e-3,),
+        lr_grid=(3e-3, 6e-3),
+        lr_extend=0,
         n_irs_pairs=8,
         n_val=16,
         n_test=24,
@@ -197,7 +222,8 @@ def iva_layer(cfg: Config, teacher: Any, tok: Any) -> tuple[int, list[float]]:
 # -------------------------------------------------------------------------------------------------- objectives
 def make_loss(arm: str, cfg: Config, layer: int, image_id: int) -> AlignTILoss:
     """The ``AlignTILoss`` weights of ``arm`` (``gkd`` is handled by ``gkd_loss_fn``)."""
-    kw = dict(iva_layer=layer, image_token_id=image_id, tpa_num_alternatives=cfg.tpa_num_alternatives)
+    kw = dict(iva_layer=layer, image_token_id=image_id, tpa_num_alternatives=cfg.tpa_num_alternatives,
+              student_width=cfg.student_hidden, teacher_width=cfg.teacher_hidden)
     weights = {
         "sft": (1, 0, 0, 0),
         "vanilla_kd": (1, 1, 0, 0),
@@ -218,7 +244,9 @@ def on_policy_batch(
     student: Any, tok: Any, batch: dict[str, torch.Tensor], max_new: int = 7
 ) -> dict[str, torch.Tensor]:
     """The batch's prompts with the student's own sampled responses (TRL GKD's on-policy step): rows grouped by
-    prompt length (the lab pads on the right), sampled at temperature 1, cut after ``</s>``."""
+    prompt length (the lab pads on the right), sampled at temperature 1, cut after ``</s>``. The image placeholder
+    is never sampled (a LLaVA forward counts every ``<image>`` against the image's features and refuses a response
+    that holds one; issue #54)."""
     was = student.training
     student.eval()
     prompt_len = (batch["labels"] == IGNORE_INDEX).logical_and(batch["attention_mask"].bool()).sum(1)
@@ -237,6 +265,7 @@ def on_policy_batch(
             max_new_tokens=max_new,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
+            suppress_tokens=[tok.convert_tokens_to_ids("<image>")],
         )
         for r, seq in zip(idx.tolist(), out.tolist(), strict=True):
             gen = seq[n:]
@@ -271,12 +300,14 @@ def gkd_loss_fn(cfg: Config, teacher: Any, tok: Any, seed: int) -> Any:
     return loss_fn
 
 
-def loss_fn_for(arm: str, cfg: Config, teacher: Any, tok: Any, layer: int, seed: int) -> Any:
+def loss_fn_for(arm: str, cfg: Config, teacher: Any, tok: Any, layer: int, seed: int) -> tuple[Any, list[Any]]:
+    """``(loss_fn(student, batch), the loss's own trained parameters)``: IVA's projection for the arms with IVA
+    (trained with the student, ``train_vlm(extra_params=...)``), none otherwise."""
     if arm == "gkd":
-        return gkd_loss_fn(cfg, teacher, tok, seed)
+        return gkd_loss_fn(cfg, teacher, tok, seed), []
     loss = make_loss(arm, cfg, layer, tok.convert_tokens_to_ids("<image>"))
     gen = torch.Generator().manual_seed(seed)
-    return lambda model, batch: loss(model, teacher, batch, generator=gen)["loss"]
+    return (lambda model, batch: loss(model, teacher, batch, generator=gen)["loss"]), list(loss.parameters())
 
 
 def step_flops(arm: str, cfg: Config, teacher: Any, student: Any, tok: Any, layer: int) -> float:
@@ -290,7 +321,7 @@ def step_flops(arm: str, cfg: Config, teacher: Any, student: Any, tok: Any, laye
         p.requires_grad_(True)
     scenes = SceneSpec(grid=cfg.grid)
     batch = instruction_sampler(tok, scenes, cfg.families, cfg.batch_size)(np.random.default_rng(0))
-    fn = loss_fn_for(arm, cfg, teacher, tok, layer, 0)
+    fn, _ = loss_fn_for(arm, cfg, teacher, tok, layer, 0)
     with FlopCounterMode(display=False) as counter:
         fn(model, batch).backward()
     return float(counter.get_total_flops())
@@ -306,21 +337,19 @@ def train_arm(
 
     teacher, student0, tok, layer = parts
     student = copy.deepcopy(student0)
-    steps = cfg.steps
-    if arm == "vanilla_kd_cm":
-        steps = round(cfg.steps * cfg.kd_step_ratio)
-    elif arm == "vanilla_kd_flops":
-        steps = round(cfg.steps * compute_ratio(cfg, parts))
+    steps = arm_steps(cfg, arm, cfg.steps, compute_ratio(cfg, parts) if arm == "vanilla_kd_flops" else float("nan"))
+    loss_fn, extra = loss_fn_for(arm, cfg, teacher, tok, layer, seed)
     t0 = time.perf_counter()
     train_vlm(
         student,
         recording_sampler(tok, SceneSpec(grid=cfg.grid), cfg.families, cfg.batch_size, record),
         steps=steps,
         trainable="projector+lm",
+        extra_params=extra,
         lr=lr,
         seed=seed,
         desc=None,
-        loss_fn=loss_fn_for(arm, cfg, teacher, tok, layer, seed),
+        loss_fn=loss_fn,
     )
     return student, time.perf_counter() - t0
 
@@ -382,7 +411,7 @@ def lab_training_ids(cfg: Config) -> frozenset[str]:
 
 def validation_ids(cfg: Config) -> set[str]:
     """The questions the learning-rate choice validated on and IVA's layer choice calibrated on."""
-    val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
+    val = validation_set(cfg)
     attrs, a, b, _ = _calibration(cfg)
     return {*item_ids(val.attrs, val.items), *item_ids(attrs, a), *item_ids(attrs, b)}
 
@@ -456,7 +485,7 @@ def _tuning_key(cfg: Config) -> dict[str, Any]:
     keep = {
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(cfg)
-        if f.name not in ("seed", "n_test", "arms", "lr_grid")
+        if f.name not in ("seed", "n_test", "arms", "lr_grid", "lr_extend")
     }
     return {
         "paper": "align_ti",
@@ -467,42 +496,180 @@ def _tuning_key(cfg: Config) -> dict[str, Any]:
     }
 
 
-def validation_accuracy(cfg: Config, arm: str, lr: float, parts: tuple[Any, Any, Any, int]) -> float:
-    """Validation exact match of ``arm`` at ``lr`` (lab seed's batches; cached per arm and rate; diverged: 0)."""
-    def compute() -> dict[str, float]:
+def validation_seed(cfg: Config) -> int:
+    """Seed of the validation questions (``10_000 + lab_seed``), apart from every test seed.
+
+    Example:
+        >>> validation_seed(PRESETS["quick"])
+        10000
+    """
+    return 10_000 + cfg.lab_seed
+
+
+def validation_set(cfg: Config) -> EvalSet:
+    """The ``n_val`` validation questions: the learning-rate choice and the stage-2 budget rule read these, never
+    a test question."""
+    return build_test_set(cfg, validation_seed(cfg), cfg.n_val)
+
+
+def by_family(values: np.ndarray, items: list) -> dict[str, float]:
+    """Mean of per-item ``values`` within each question family (families in first-seen order).
+
+    Example:
+        >>> from types import SimpleNamespace as N
+        >>> by_family(np.array([1.0, 0.0, 1.0]), [N(family="patch"), N(family="count"), N(family="patch")])
+        {'patch': 1.0, 'count': 0.0}
+    """
+    fams = list(dict.fromkeys(it.family for it in items))
+    fam = np.array([it.family for it in items])
+    return {f: float(np.asarray(values, dtype=float)[fam == f].mean()) for f in fams}
+
+
+def validation_record(cfg: Config, arm: str, lr: float, parts: tuple[Any, Any, Any, int]) -> dict[str, Any]:
+    """``{"val_accuracy", "val_by_family"}`` of ``arm`` trained at ``lr`` on the lab seed's batches
+    (``20_000 + lab_seed``): validation exact match overall and per family; cached per arm and rate; a diverged
+    run scores 0."""
+    def compute() -> dict[str, Any]:
         seed = 20_000 + cfg.lab_seed
+        val = validation_set(cfg)
         try:
             model, _ = train_arm(arm, cfg, lr, seed, parts)
-            val = build_test_set(cfg, 10_000 + cfg.lab_seed, cfg.n_val)
             t_logits = [lg for _, lg in _logits_and_batches(parts[0], parts[2], cfg, val, seed)]
-            acc = float(evaluate(model, t_logits, parts[2], cfg, val, seed)["exact_match"].mean())
-        except FloatingPointError:
-            acc = 0.0
-        return {"val_accuracy": acc}
+            exact = evaluate(model, t_logits, parts[2], cfg, val, seed)["exact_match"]
+        except FloatingPointError:  # diverged at this rate: it cannot be chosen
+            exact = np.zeros(len(val.items))
+        return {"val_accuracy": float(exact.mean()), "val_by_family": by_family(exact, val.items)}
 
     key = {**_tuning_key(cfg), "arm": arm, "lr": float(lr)}
-    return float(cached_json("align_ti_tuning", key, compute)["val_accuracy"])
+    return cached_json("align_ti_tuning", key, compute)
 
 
-def tune_learning_rates(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, dict[str, float]]:
-    """``{arm: {"lr", "val_accuracy"}}``: each arm's best rate in ``lr_grid`` (ties: the smaller rate).
-    ``vanilla_kd_cm`` and ``vanilla_kd_flops`` take ``vanilla_kd``'s rate (the same method, more steps)."""
-    choice = {}
-    for arm in progress([a for a in cfg.arms if a not in MORE_KD], desc="align_ti lr selection"):
-        by_lr = {float(lr): validation_accuracy(cfg, arm, lr, parts) for lr in cfg.lr_grid}
-        best = max(by_lr, key=lambda lr: (by_lr[lr], -lr))
-        choice[arm] = {"lr": best, "val_accuracy": by_lr[best]}
+def validation_accuracy(cfg: Config, arm: str, lr: float, parts: tuple[Any, Any, Any, int]) -> float:
+    """Validation exact match of ``arm`` at ``lr`` (``validation_record``)."""
+    return float(validation_record(cfg, arm, lr, parts)["val_accuracy"])
+
+
+def tune_arm(cfg: Config, arm: str, parts: tuple[Any, Any, Any, int]) -> dict[str, Any]:
+    """``arm``'s learning rate: the best validation exact match on ``lr_grid``, bracketed
+    (``common.bracketing.tune_bracketed``: a choice on an edge adds one rate past it, at most ``lr_extend`` times;
+    ties go to the smaller rate).
+
+    Returns:
+        ``{"lr", "val_accuracy" (the chosen rate's), "grid", "scores", "at_edge"}``.
+    """
+    rec, _ = tune_bracketed(cfg.lr_grid, lambda lr: (validation_accuracy(cfg, arm, lr, parts), None), cfg.lr_extend)
+    i = rec["grid"].index(rec["chosen"])
+    return {"lr": float(rec["chosen"]), "val_accuracy": float(rec["scores"][i]),
+            "grid": [float(v) for v in rec["grid"]], "scores": [float(v) for v in rec["scores"]],
+            "at_edge": bool(rec["at_edge"])}
+
+
+def tune_learning_rates(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, dict[str, Any]]:
+    """``{arm: tune_arm(...)}`` for every trained arm; ``vanilla_kd_cm`` and ``vanilla_kd_flops`` take
+    ``vanilla_kd``'s choice (the same method, more steps). Selection reads the validation split only."""
+    tuned = [a for a in cfg.arms if a not in MORE_KD]
+    if any(a in MORE_KD for a in cfg.arms) and "vanilla_kd" not in tuned:
+        tuned.append("vanilla_kd")
+    choice = {arm: tune_arm(cfg, arm, parts) for arm in progress(tuned, desc="align_ti lr selection")}
     for more in (a for a in MORE_KD if a in cfg.arms):
-        choice[more] = dict(
-            choice.get("vanilla_kd")
-            or {
-                "lr": max(
-                    cfg.lr_grid, key=lambda lr: (validation_accuracy(cfg, "vanilla_kd", lr, parts), -lr)
-                ),
-                "val_accuracy": float("nan"),
-            }
-        )
-    return choice
+        choice[more] = dict(choice["vanilla_kd"])
+    return {arm: choice[arm] for arm in cfg.arms}
+
+
+def tuning_metrics(tuned: dict[str, Any]) -> dict[str, float]:
+    """The result's record of one choice: ``lr``, ``val_accuracy``, ``lr_at_edge`` (1.0 when still on an edge) and
+    the ends of the grid it was chosen from, extensions included (``lr_grid_min``, ``lr_grid_max``: with
+    ``lr_grid``'s ratio they give every rate tried).
+
+    Example:
+        >>> tuning_metrics({"lr": 0.002, "val_accuracy": 0.5, "grid": [0.001, 0.002, 0.004], "at_edge": False})
+        {'lr': 0.002, 'val_accuracy': 0.5, 'lr_at_edge': 0.0, 'lr_grid_min': 0.001, 'lr_grid_max': 0.004}
+    """
+    return {"lr": float(tuned["lr"]), "val_accuracy": float(tuned["val_accuracy"]),
+            "lr_at_edge": float(tuned["at_edge"]),
+            "lr_grid_min": float(min(tuned["grid"])), "lr_grid_max": float(max(tuned["grid"]))}
+
+
+def edge_note(cfg: Config, choice: dict[str, dict[str, Any]]) -> str | None:
+    """The headline claim's note naming every choice still on an edge of its grid (``None`` when none is).
+
+    Example:
+        >>> edge_note(PRESETS["quick"], {"sft": {"lr": 0.00025, "grid": [0.00025, 0.0005, 0.001, 0.002, 0.004],
+        ...                                      "at_edge": True},
+        ...                              "vanilla_kd": {"lr": 0.002, "grid": [0.001, 0.002, 0.004], "at_edge": False}})
+        'learning rate on the edge of its grid after 2 extension(s) for sft (0.00025 of [0.00025, 0.0005, 0.001, 0.002, 0.004])'
+    """
+    edge = [name for name, t in choice.items() if t["at_edge"]]
+    if not edge:
+        return None
+    return (f"learning rate on the edge of its grid after {cfg.lr_extend} extension(s) for "
+            + ", ".join(f"{n} ({choice[n]['lr']:g} of {[float(f'{v:.3g}') for v in choice[n]['grid']]})"
+                        for n in edge))
+
+
+# ------------------------------------------------------------------------------------------- stage-2 budget
+def stage1_by_family(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, float]:
+    """The stage-1 checkpoint's validation exact match per family (the start the stage-2 budget rule compares
+    against; validation questions only)."""
+    teacher, student0, tok, _ = parts
+    val = validation_set(cfg)
+    seed = 20_000 + cfg.lab_seed
+    t_logits = [lg for _, lg in _logits_and_batches(teacher, tok, cfg, val, seed)]
+    return by_family(evaluate(student0, t_logits, tok, cfg, val, seed)["exact_match"], val.items)
+
+
+def arm_steps(cfg: Config, arm: str, budget: int, ratio: float) -> int:
+    """Stage-2 steps ``arm`` trains at budget ``budget`` (``train_arm``'s rule; ``ratio``: the FLOP ratio).
+
+    Example:
+        >>> [arm_steps(PRESETS["full"], a, 400, 2.7) for a in ("sft", "vanilla_kd_cm", "vanilla_kd_flops")]
+        [400, 572, 1080]
+    """
+    if arm == "vanilla_kd_cm":
+        return round(budget * cfg.kd_step_ratio)
+    if arm == "vanilla_kd_flops":
+        return round(budget * ratio)
+    return budget
+
+
+def full_training_estimate(cfg: Config, per_step_s: dict[str, float], ratio: float, n_seeds: int,
+                           budget: int) -> float:
+    """Seconds of stage-2 training the preset ``cfg`` spends on ``n_seeds`` seeds at budget ``budget``: every arm's
+    steps (``arm_steps``) times its measured seconds per step.
+
+    Example:
+        >>> full_training_estimate(PRESETS["quick"], {"vanilla_kd": 0.01, "align_ti": 0.02, "vanilla_kd_cm": 0.01,
+        ...                        "vanilla_kd_flops": 0.01}, 2.0, 1, 100)
+        6.43
+    """
+    return round(n_seeds * sum(arm_steps(cfg, a, budget, ratio) * per_step_s[a] for a in cfg.arms), 6)
+
+
+def stage2_budget_choice(start: dict[str, float], by_budget: dict[int, dict[str, float]],
+                         affordable: list[int] | tuple[int, ...]) -> dict[str, Any]:
+    """README Deviation 13's rule: the smallest affordable budget at which every family's validation exact match is
+    at least the stage-1 checkpoint's (``start``); none: the largest affordable budget, ``met`` False.
+
+    Args:
+        start: the stage-1 checkpoint's validation exact match per family.
+        by_budget: ``{budget: the baseline's validation exact match per family}`` for the budgets trained (the pilot
+            stops at the first that meets the criterion).
+        affordable: the budgets of the grid within the full preset's time cap.
+    Returns:
+        ``{"steps", "met"}``.
+
+    Example:
+        >>> stage2_budget_choice({"patch": 0.7, "count": 0.1},
+        ...                      {200: {"patch": 0.6, "count": 0.3}, 400: {"patch": 0.7, "count": 0.4}}, [200, 400])
+        {'steps': 400, 'met': True}
+    """
+    if not affordable:
+        raise ValueError("affordable is empty: no budget of the grid fits the time cap")
+    for budget in sorted(affordable):
+        got = by_budget.get(budget)
+        if got is not None and all(got[f] >= start[f] for f in start):
+            return {"steps": int(budget), "met": True}
+    return {"steps": int(max(affordable)), "met": False}
 
 
 # ------------------------------------------------------------------------------------------------------- run
@@ -533,11 +700,7 @@ def run(cfg: Config) -> SeedRun:
     for arm in progress(cfg.arms, desc=f"align_ti seed {cfg.seed}"):
         model, seconds = train_arm(arm, cfg, choice[arm]["lr"], cfg.seed, parts, record=trained)
         record(arm, evaluate(model, t_logits, tok, cfg, data, eval_seed))
-        metrics[arm] = {
-            "lr": choice[arm]["lr"],
-            "val_accuracy": choice[arm]["val_accuracy"],
-            "train_s": seconds,
-        }
+        metrics[arm] = {**tuning_metrics(choice[arm]), "train_s": seconds}
     if "align_ti" in metrics and "vanilla_kd" in metrics:
         metrics["align_ti"]["time_ratio_vs_kd"] = (
             metrics["align_ti"]["train_s"] / metrics["vanilla_kd"]["train_s"]
@@ -547,7 +710,10 @@ def run(cfg: Config) -> SeedRun:
         "flop_ratio_align_ti_vs_kd": ratio,
         **{f"irs_layer{i}": v for i, v in enumerate(irs)},
     }
-    return SeedRun(metrics, units=units, unit_ids=unit_ids_of(data),
+    notes = {}
+    if (note := edge_note(cfg, {a: c for a, c in choice.items() if a not in MORE_KD})) is not None:
+        notes[HEADLINE] = note
+    return SeedRun(metrics, units=units, series={"lr_tuning": choice}, notes=notes, unit_ids=unit_ids_of(data),
                    held_out=held_out_of(trained, validation_ids(cfg)))
 
 

@@ -6,10 +6,15 @@ The objective (the four terms the ICLR 2026 reviews list; weights unknown, 1 eac
 
 - ``L_kd``: token-level KL between teacher and student next-token distributions on the ground-truth response
   (forward ``KL(p_T || p_S)`` by default; the paper's Eqs. 2 and 5 disagree on the direction, so it is an option).
-- ``L_iva`` (**reconstruction**): ``sum_i w_i KL(p_T(. | x_<=i) || p_S(. | x_<=i))`` over the visual positions
-  ``i``, with ``w_i`` the teacher's attention from the instruction tokens to visual token ``i`` at layer ``l*``
-  (mean over heads and instruction tokens, renormalised over ``i``); ``l*`` maximises the instruction-relevance
-  score ``IRS(l) = 1 - E cos(alpha_l(x1), alpha_l(x2))`` over pairs with the same image and different instructions.
+- ``L_iva`` (**reconstruction**): ``sum_i w_i (1 - cos(P h^S_s(i), h^T_l*(i)))`` over the visual positions ``i``:
+  the teacher's hidden state at the input of layer ``l*`` (the visual tokens whose keys and values ``l*``'s
+  instruction attention reads) and the student's at the input of its layer ``s`` (the same relative depth,
+  ``s = floor(l* L_S / L_T)``), through a learned linear projection ``P`` (student width to teacher width,
+  initialised to the identity embedding); ``w_i`` is the teacher's attention from the instruction tokens to visual
+  token ``i`` at ``l*`` (mean over heads and instruction tokens, renormalised over ``i``); ``l*`` maximises the
+  instruction-relevance score ``IRS(l) = 1 - E cos(alpha_l(x1), alpha_l(x2))`` over pairs with the same image and
+  different instructions. ``iva_target="logits"`` is the earlier reading, ``sum_i w_i KL(p_T,i || p_S,i)`` of the
+  LM-head distributions at the visual positions: outputs no training stage ever fits (issue #54).
 - ``L_tpa`` (**reconstruction**): at every response position ``k`` the student proposes ``m`` alternatives
   ``y~`` to the ground-truth token (its top-``m`` other tokens, or sampled; no gradient), and the teacher's and
   the student's *next-step* distributions after the alternative are aligned,
@@ -35,6 +40,8 @@ Interactions", ICML 2026, arXiv:2602.09483.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +52,7 @@ from torch import nn
 IGNORE_INDEX = -100
 DIRECTIONS = ("forward", "reverse")
 SAMPLINGS = ("topk", "sample")
+IVA_TARGETS = ("hidden", "logits")
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -225,27 +233,8 @@ def instruction_relevance_scores(model: Any, pairs: Any, image_token_id: int) ->
     return irs_from_alphas(torch.cat([a for a, _ in alphas], 1), torch.cat([b for _, b in alphas], 1))
 
 
-def iva_divergence(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    direction: str = "forward",
-    topk: int | None = None,
-) -> torch.Tensor:
-    """IVA: ``mean_b sum_i w_bi KL(p_T,i || p_S,i)`` over visual positions (reconstruction).
-
-    Args:
-        student_logits, teacher_logits: ``(B, T, V)`` LM-head logits at every position.
-        weights: ``(B, T)`` non-negative, zero off the visual positions (``instruction_vision_attention``).
-        topk: keep only each row's ``topk`` largest weights (hard salient tokens), renormalised.
-    """
-    if weights.shape != student_logits.shape[:-1]:
-        raise ValueError(
-            f"weights {tuple(weights.shape)} must match the logits' leading shape "
-            f"{tuple(student_logits.shape[:-1])}"
-        )
+def _iva_weights(weights: torch.Tensor, topk: int | None) -> torch.Tensor:
+    """IVA's visual-token weights, checked; with ``topk``, each row's ``topk`` largest kept and renormalised."""
     if (weights < 0).any():
         raise ValueError("weights must be non-negative")
     w = weights
@@ -257,9 +246,108 @@ def iva_divergence(
         )
         w = torch.where(keep, w, torch.zeros_like(w))
         w = w / w.sum(-1, keepdim=True).clamp(min=torch.finfo(w.dtype).tiny)
+    return w
+
+
+def iva_divergence(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    direction: str = "forward",
+    topk: int | None = None,
+) -> torch.Tensor:
+    """IVA on the LM head (``iva_target="logits"``): ``mean_b sum_i w_bi KL(p_T,i || p_S,i)`` over visual positions.
+
+    The earlier reconstruction, kept as an option: at the image positions the LM head's outputs are fitted by no
+    training stage (the next token after an image token is never a target), so this aligns untrained outputs;
+    ``iva_hidden_divergence`` is the default.
+
+    Args:
+        student_logits, teacher_logits: ``(B, T, V)`` LM-head logits at every position.
+        weights: ``(B, T)`` non-negative, zero off the visual positions (``instruction_vision_attention``).
+        topk: keep only each row's ``topk`` largest weights (hard salient tokens), renormalised.
+    """
+    if weights.shape != student_logits.shape[:-1]:
+        raise ValueError(
+            f"weights {tuple(weights.shape)} must match the logits' leading shape "
+            f"{tuple(student_logits.shape[:-1])}"
+        )
+    w = _iva_weights(weights, topk)
     kl = token_kl(student_logits, teacher_logits, temperature=temperature, direction=direction)
     # $$L_{iva} = \sum_i w_i \, KL(p_T(\cdot | x_{\le i}) \| p_S(\cdot | x_{\le i}))$$
     return (w.to(kl.dtype) * kl).sum(-1).mean()
+
+
+def iva_hidden_divergence(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    weights: torch.Tensor,
+    projection: torch.Tensor | None = None,
+    *,
+    topk: int | None = None,
+) -> torch.Tensor:
+    """IVA on hidden states (the default): ``mean_b sum_i w_bi (1 - cos(P s_bi, t_bi))`` (reconstruction).
+
+    Cosine distance, so the term is scale-free (the residual stream's norm grows with depth and training) and
+    bounded: at most 2 per row, since the weights sum to 1 over the visual tokens.
+
+    Args:
+        student_hidden: ``(B, T, D_S)`` the student's hidden states (input of its layer ``s``).
+        teacher_hidden: ``(B, T, D_T)`` the teacher's (input of its layer ``l*``).
+        weights: ``(B, T)`` non-negative, zero off the visual positions (``instruction_vision_attention``).
+        projection: ``(D_T, D_S)`` matrix ``P`` applied to the student's states (``None``: the identity, equal
+            widths).
+        topk: keep only each row's ``topk`` largest weights (hard salient tokens), renormalised.
+    Returns:
+        a scalar.
+    """
+    if student_hidden.ndim != 3 or teacher_hidden.ndim != 3 or student_hidden.shape[:2] != teacher_hidden.shape[:2]:
+        raise ValueError(
+            f"student_hidden {tuple(student_hidden.shape)} and teacher_hidden {tuple(teacher_hidden.shape)} must "
+            f"be (B, T, D) with the same B and T"
+        )
+    if weights.shape != student_hidden.shape[:2]:
+        raise ValueError(
+            f"weights {tuple(weights.shape)} must match the hidden states' (B, T) {tuple(student_hidden.shape[:2])}"
+        )
+    s = _up(student_hidden)
+    if projection is None:
+        if student_hidden.shape[-1] != teacher_hidden.shape[-1]:
+            raise ValueError(
+                f"the widths differ (student {student_hidden.shape[-1]}, teacher {teacher_hidden.shape[-1]}): "
+                f"give a projection"
+            )
+    else:
+        if projection.shape != (teacher_hidden.shape[-1], student_hidden.shape[-1]):
+            raise ValueError(
+                f"projection must be (teacher width, student width) = "
+                f"{(teacher_hidden.shape[-1], student_hidden.shape[-1])}, got {tuple(projection.shape)}"
+            )
+        # $$\hat h_i = P \, h^S_s(i)$$
+        s = F.linear(s, projection.to(s.dtype))
+    t = _up(teacher_hidden).to(s.dtype)
+    w = _iva_weights(weights, topk)
+    # $$L_{iva} = \sum_i w_i \, (1 - \cos(P h^S_s(i), h^T_{l^*}(i)))$$
+    dist = 1.0 - F.cosine_similarity(s, t, dim=-1)
+    return (w.to(dist.dtype) * dist).sum(-1).mean()
+
+
+def student_layer_for(iva_layer: int, teacher_layers: int, student_layers: int) -> int:
+    """The student layer ``s`` whose input IVA aligns with the input of teacher layer ``l*``: the same relative
+    depth, ``floor(l* L_S / L_T)`` (0 for 0; always a layer whose input a later layer reads).
+
+    Example:
+        >>> [student_layer_for(l, 4, 2) for l in range(4)]
+        [0, 0, 1, 1]
+    """
+    if not 0 <= iva_layer < teacher_layers or student_layers < 1:
+        raise ValueError(
+            f"iva_layer must be in 0..{teacher_layers - 1} and student_layers >= 1, got {iva_layer}, "
+            f"{student_layers}"
+        )
+    return iva_layer * student_layers // teacher_layers
 
 
 # ----------------------------------------------------------------------------------------------------- TPA
@@ -449,16 +537,28 @@ class AlignTILoss(nn.Module):
     The student runs once without gradient to propose TPA's alternatives, then once (with gradient) over the
     sequence *and* all branches with the branch mask (the sequence positions of that pass are exactly the plain
     forward's, since no sequence token attends to a branch); the teacher runs once, no gradient, over the same
-    extended inputs, keeping layer ``l*``'s attention map when IVA is on (only that layer's). With ``tpa_weight = 0`` both run once, plainly.
-    IVA and TPA are reconstructions (module docstring).
+    extended inputs, keeping layer ``l*``'s attention map and the input of layer ``l*`` when IVA is on (only that
+    layer's; the student's layer-``s`` input comes from the same pass). With ``tpa_weight = 0`` both run once,
+    plainly. IVA and TPA are reconstructions (module docstring).
+
+    IVA's projection ``P`` (``iva_projection``, an ``nn.Linear`` from ``student_width`` to ``teacher_width``
+    without bias, initialised to ``eye(teacher_width, student_width)``) is a parameter of this module, trained with
+    the student (pass ``loss.parameters()`` to the optimiser; ``AlignTITrainer`` does) and not part of the student
+    (the FitNets regressor's role).
 
     Args:
         sft_weight, kd_weight, iva_weight, tpa_weight: the terms' weights (unknown in the paper; 1 each).
         temperature: KD temperature for every KL term.
         kd_direction: ``"forward"`` (``KL(p_T || p_S)``) or ``"reverse"``, for every KL term.
-        iva_layer: the teacher layer whose attention weights IVA (``l*``, e.g. from
+        iva_layer: the teacher layer whose attention weights IVA and whose input IVA aligns (``l*``, e.g. from
             ``instruction_relevance_scores(...).argmax()``); required when ``iva_weight > 0``.
         iva_topk: keep only the ``iva_topk`` most attended visual tokens (``None``: soft weights).
+        iva_target: ``"hidden"`` (hidden states through ``P``, cosine distance; default) or ``"logits"`` (KL of the
+            LM-head distributions at the image positions, the earlier reading, which no stage trains).
+        iva_student_layer: the student layer whose input is aligned (``None``: ``student_layer_for``, the same
+            relative depth as ``l*``).
+        student_width, teacher_width: the models' hidden sizes (``P``'s shape); required when ``iva_weight > 0``
+            and ``iva_target="hidden"``.
         tpa_num_alternatives: branches per response position (``m``).
         tpa_sampling: ``"topk"`` or ``"sample"`` (``propose_alternatives``).
         tpa_weighting: ``"student"`` or ``"uniform"``.
@@ -472,7 +572,8 @@ class AlignTILoss(nn.Module):
         >>> student = tiny_vlm(tok, VLMSpec(hidden=32, layers=1), scenes, seed=1)
         >>> rng = np.random.default_rng(0); attrs = sample_scenes(scenes, rng, 2)
         >>> batch = encode(tok, make_items(scenes, attrs, rng, "patch"), scenes, attrs, rng)
-        >>> loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"))
+        >>> loss = AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"),
+        ...                    student_width=32, teacher_width=64)
         >>> out = loss(student, teacher, batch)
         >>> sorted(out), bool(out["loss"] > 0)
         (['iva', 'kd', 'loss', 'sft', 'tpa'], True)
@@ -492,6 +593,10 @@ class AlignTILoss(nn.Module):
         tpa_sampling: str = "topk",
         tpa_weighting: str = "student",
         image_token_id: int | None = None,
+        iva_target: str = "hidden",
+        iva_student_layer: int | None = None,
+        student_width: int | None = None,
+        teacher_width: int | None = None,
     ) -> None:
         super().__init__()
         for name, w in (
@@ -518,6 +623,23 @@ class AlignTILoss(nn.Module):
             raise ValueError(f"iva_layer must be >= 0, got {iva_layer}")
         if iva_topk is not None and iva_topk < 1:
             raise ValueError(f"iva_topk must be >= 1, got {iva_topk}")
+        if iva_target not in IVA_TARGETS:
+            raise ValueError(f"iva_target must be one of {IVA_TARGETS}, got {iva_target!r}")
+        if iva_student_layer is not None and iva_student_layer < 0:
+            raise ValueError(f"iva_student_layer must be >= 0, got {iva_student_layer}")
+        self.iva_projection: nn.Linear | None = None
+        if iva_weight > 0 and iva_target == "hidden":
+            for name, width in (("student_width", student_width), ("teacher_width", teacher_width)):
+                if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                    raise ValueError(
+                        f"{name} (a model's hidden size, the shape of IVA's projection) must be an int >= 1 when "
+                        f"iva_weight > 0 and iva_target='hidden', got {width!r}"
+                    )
+            # skip_init: no draw from the global random state (the identity start needs none)
+            self.iva_projection = nn.utils.skip_init(nn.Linear, student_width, teacher_width, bias=False)
+            with torch.no_grad():
+                self.iva_projection.weight.copy_(torch.eye(teacher_width, student_width))
+        self.iva_target, self.iva_student_layer = iva_target, iva_student_layer
         self.sft_weight, self.kd_weight, self.iva_weight, self.tpa_weight = (
             sft_weight,
             kd_weight,
@@ -556,11 +678,24 @@ class AlignTILoss(nn.Module):
                 f"the teacher {t_vocab}"
             )
         use_iva = self.iva_weight > 0
+        hidden_iva = use_iva and self.iva_target == "hidden"
+        s_layer = None
         if use_iva:
             n_layers = len(_decoder_layers(teacher))
             if not 0 <= self.iva_layer < n_layers:
                 raise ValueError(
                     f"iva_layer must be in 0..{n_layers - 1} (the teacher's layers), got {self.iva_layer}"
+                )
+        if hidden_iva:
+            n_student = len(_decoder_layers(student))
+            s_layer = (
+                student_layer_for(self.iva_layer, n_layers, n_student)
+                if self.iva_student_layer is None
+                else self.iva_student_layer
+            )
+            if not 0 <= s_layer < n_student:
+                raise ValueError(
+                    f"iva_student_layer must be in 0..{n_student - 1} (the student's layers), got {s_layer}"
                 )
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         labels = batch["labels"]
@@ -581,10 +716,11 @@ class AlignTILoss(nn.Module):
                 exclude=_special_ids(student, self.image_token_id),
             )
             inputs = extend_with_branches(batch, branches)
-        s_logits = student(**inputs).logits
+        with _layer_input(student, s_layer) as s_hidden:
+            s_logits = student(**inputs).logits
         _check_finite("student logits", s_logits)
         teacher.eval()
-        with torch.no_grad():
+        with torch.no_grad(), _layer_input(teacher, self.iva_layer if hidden_iva else None) as t_hidden:
             if use_iva:
                 # only layer l*'s attention map is kept (a hook on its attention module), not every layer's
                 t_out, attn = _forward_with_attention(teacher, inputs, self.iva_layer)
@@ -620,9 +756,20 @@ class AlignTILoss(nn.Module):
         if use_iva:
             vis, inst = segments(batch, self.image_token_id)
             w = instruction_vision_attention(attn[..., :t_len, :t_len].float(), vis, inst)
-            iva = iva_divergence(
-                s_seq, t_seq, w, temperature=self.temperature, direction=self.kd_direction, topk=self.iva_topk
-            )
+            if hidden_iva:
+                proj = self.iva_projection.weight
+                if s_hidden[0].shape[-1] != proj.shape[1] or t_hidden[0].shape[-1] != proj.shape[0]:
+                    raise ValueError(
+                        f"student_width={proj.shape[1]} and teacher_width={proj.shape[0]} must be the models' "
+                        f"hidden sizes, got {s_hidden[0].shape[-1]} and {t_hidden[0].shape[-1]}"
+                    )
+                iva = iva_hidden_divergence(
+                    s_hidden[0][:, :t_len], t_hidden[0][:, :t_len], w, proj, topk=self.iva_topk
+                )
+            else:
+                iva = iva_divergence(
+                    s_seq, t_seq, w, temperature=self.temperature, direction=self.kd_direction, topk=self.iva_topk
+                )
         tpa = zero
         if branches is not None:
             tpa = tpa_divergence(
@@ -650,6 +797,26 @@ def _special_ids(model: Any, image_token_id: int | None) -> tuple[int, ...]:
         getattr(cfg, "pad_token_id", None),
     }
     return tuple(sorted(int(i) for i in ids if i is not None))
+
+
+@contextlib.contextmanager
+def _layer_input(model: Any, layer: int | None) -> Iterator[list[torch.Tensor]]:
+    """A list that receives the hidden states entering decoder layer ``layer`` during the forwards run inside the
+    block (a forward pre-hook; the tensor itself, so the student's keeps its gradient); nothing when ``layer`` is
+    None. Layer ``l``'s input is ``output_hidden_states[l]`` (the embeddings for ``l = 0``)."""
+    seen: list[torch.Tensor] = []
+    if layer is None:
+        yield seen
+        return
+
+    def hook(_module: Any, args: Any, kwargs: Any) -> None:
+        seen.append(args[0] if args else kwargs["hidden_states"])
+
+    handle = _decoder_layers(model)[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def _forward_with_attention(model: Any, inputs: dict[str, torch.Tensor], layer: int) -> tuple[Any, torch.Tensor]:

@@ -1,8 +1,9 @@
 """Slow, literal float64 transcriptions of Align-TI's loss terms (tests only; reconstruction, see ``loss.py``).
 
-Every function loops over rows, positions and branches with plain Python/NumPy arithmetic, and TPA's reference
-runs the model once **per branch** on the truncated sequence ``y_<k, y~_kj`` (no branch mask), which is what the
-one-pass mask must reproduce.
+Every function loops over rows, positions and branches with plain Python/NumPy arithmetic (IVA on hidden states:
+the projection and the cosine written out element by element), and TPA's reference runs the model once **per
+branch** on the truncated sequence ``y_<k, y~_kj`` (no branch mask), which is what the one-pass mask must
+reproduce.
 """
 
 from __future__ import annotations
@@ -91,6 +92,28 @@ def iva(student: np.ndarray, teacher: np.ndarray, weights: np.ndarray, temperatu
                 if weights[b, i] > 0
             )
         )
+    return float(np.mean(rows))
+
+
+def iva_hidden(
+    student: np.ndarray, teacher: np.ndarray, weights: np.ndarray, projection: np.ndarray | None = None
+) -> float:
+    """``mean_b sum_i w_bi (1 - cos(P s_bi, t_bi))`` over the positions with a positive weight; ``student``
+    ``(B, T, D_S)``, ``teacher`` ``(B, T, D_T)``, ``projection`` ``(D_T, D_S)`` (``None``: identity)."""
+    rows = []
+    for b in range(student.shape[0]):
+        total = 0.0
+        for i in range(student.shape[1]):
+            if weights[b, i] <= 0:
+                continue
+            s = [float(x) for x in student[b, i]]
+            if projection is not None:
+                s = [sum(float(projection[r, c]) * s[c] for c in range(len(s))) for r in range(projection.shape[0])]
+            t = [float(x) for x in teacher[b, i]]
+            dot = sum(x * y for x, y in zip(s, t, strict=True))
+            cos = dot / (np.sqrt(sum(x * x for x in s)) * np.sqrt(sum(y * y for y in t)))
+            total += float(weights[b, i]) * (1.0 - cos)
+        rows.append(total)
     return float(np.mean(rows))
 
 

@@ -7,7 +7,10 @@ off, logging, saving) and overrides ``compute_loss`` with ``AlignTILoss`` over t
 Align-TI trains on the ground-truth responses, so the on-policy options (``lmbda``, ``seq_kd``) must stay off, and
 ``GKDConfig``'s divergence settings must agree with the loss's (``temperature`` equal to
 ``AlignTILoss.temperature``; ``beta`` 0 for forward KL, 1 for reverse KL, TRL's generalised-JSD convention), else
-the trainer refuses them rather than ignore them. ``predict``/``evaluate`` return the student's logits.
+the trainer refuses them rather than ignore them. ``predict``/``evaluate`` return the student's logits. IVA's
+projection (``AlignTILoss.iva_projection``, trained with the student, not part of it) joins the optimiser as a
+parameter group without weight decay (its gradients are zeroed after every optimiser step, as the student's are;
+gradient clipping, ``max_grad_norm``, covers the student only); optimisers passed in must hold it already.
 ``VLMCollator`` pads the lab's per-example dicts (TRL trainers keep only the columns they know, so a VLM batch
 needs its own collator).
 
@@ -25,7 +28,8 @@ Example (CPU, two steps on the lab's tiny models):
     ...                  disable_tqdm=True, bf16=False)
     >>> trainer = AlignTITrainer(model=student, teacher_model=teacher, args=args, train_dataset=data,
     ...     data_collator=VLMCollator(tok), processing_class=tok,
-    ...     align_loss=AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>")))
+    ...     align_loss=AlignTILoss(iva_layer=1, image_token_id=tok.convert_tokens_to_ids("<image>"),
+    ...                            student_width=16, teacher_width=32))
     >>> with contextlib.redirect_stdout(io.StringIO()):
     ...     state = trainer.train()
     >>> state.global_step
@@ -48,7 +52,22 @@ from .loss import IGNORE_INDEX, AlignTILoss
 
 requires("trl", extra="align-ti", purpose="AlignTITrainer")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GKD lives under trl.experimental in TRL 1.16
+from transformers import TrainerCallback  # noqa: E402
 from trl.experimental.gkd import GKDTrainer  # noqa: E402
+
+
+class _ZeroLossGrads(TrainerCallback):
+    """Zeroes the loss module's gradients where ``Trainer`` zeroes the model's (``model.zero_grad()`` at the start
+    and after every optimiser step): IVA's projection would otherwise accumulate its gradients over the steps."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.module.zero_grad(set_to_none=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.module.zero_grad(set_to_none=True)
 
 
 class VLMCollator:
@@ -108,7 +127,8 @@ class AlignTITrainer(GKDTrainer):
             ``pixel_values`` (``VLMCollator``).
 
     Raises:
-        ValueError: on-policy options on, or ``temperature``/``beta`` that the loss would not honour.
+        ValueError: on-policy options on, ``temperature``/``beta`` that the loss would not honour, or an optimiser
+            passed in without the loss's own parameters (IVA's projection).
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gkd", "align-ti"]
@@ -143,8 +163,27 @@ class AlignTITrainer(GKDTrainer):
             raise ValueError(
                 "data_collator is required (e.g. VLMCollator): GKD's ChatML collator drops images"
             )
+        optimizer = (kwargs.get("optimizers") or (None, None))[0]
+        if optimizer is not None:
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            if any(id(p) not in held for p in align_loss.parameters()):
+                raise ValueError(
+                    "the optimizer passed in optimizers does not hold align_loss.parameters() (IVA's projection, "
+                    "trained with the student): add them, e.g. as a parameter group"
+                )
         super().__init__(*args, **kwargs)
-        self.align_loss = align_loss
+        self.align_loss = align_loss.to(self.args.device)
+        self.add_callback(_ZeroLossGrads(self.align_loss))
+
+    def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
+        """TRL's optimiser over the student, plus a group for the loss's own parameters (IVA's projection), at the
+        same learning rate and schedule, without weight decay (``train_vlm`` decays none)."""
+        fresh = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        extra = [p for p in self.align_loss.parameters() if p.requires_grad]
+        if fresh and extra:
+            optimizer.add_param_group({"params": extra, "weight_decay": 0.0})
+        return optimizer
 
     def compute_loss(
         self,
