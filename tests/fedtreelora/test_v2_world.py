@@ -31,13 +31,15 @@ def test_labels_flip_on_the_twist_letters_and_ceilings_are_exact():
         counts, twisted = np.array(counts), np.array(twisted)
         # $$y = [count \in P_k] \oplus [q \in twist]$$, checked against the string itself
         assert np.array_equal(labels, np.isin(counts, list(client.positive)).astype(int) ^ twisted)
-        assert 0.2 < twisted.mean() < 0.3                                  # two of eight letters
+        assert 0.45 < twisted.mean() < 0.55                                # four of eight letters
         hits["global"].append(np.mean(((counts >= 1).astype(int) ^ twisted) == labels))
         hits["zero_shot"].append(np.mean((counts >= 1).astype(int) == labels))
     ceil = world.ceilings()
     # hand-computed: the best global rule "count >= 1" (flipped on the twist) is right on 17 of 24 (count, label)
-    # cells weighted by the sampling law; the base's unflipped answer keeps that on 3/4 and inverts it on 1/4
-    assert ceil == pytest.approx({"oracle": 1.0, "global": 17 / 24, "zero_shot": 0.75 * 17 / 24 + 0.25 * 7 / 24})
+    # cells weighted by the sampling law; the base's unflipped answer keeps that on half and inverts it on half
+    assert world.twist == "abcd" and World(letters="abc").twist == "a"
+    assert ceil == pytest.approx({"oracle": 1.0, "global": 17 / 24, "zero_shot": 0.5 * 17 / 24 + 0.5 * 7 / 24})
+    assert World(twist="ab").ceilings()["zero_shot"] == pytest.approx(0.75 * 17 / 24 + 0.25 * 7 / 24)
     for name in ("global", "zero_shot"):                                # Monte Carlo, an independent oracle
         assert np.mean(hits[name]) == pytest.approx(ceil[name], abs=0.015)
     flat = World(twist="").ceilings()

@@ -10,7 +10,8 @@ count as a digit; it never sees a client's rule. ``pretrain_corpus`` generates i
 
 **Clients (private, federated).** Client k sees the same kind of prompt (query letter uniform over the alphabet)
 and answers ``"1"`` or ``"0"``: is the count of the query letter in its rule's positive set, **flipped when the
-query letter is one of the shared ``twist`` letters** (default ``a`` and ``b``)? A rule is written as its labels
+query letter is one of the shared ``twist`` letters** (default: the first half of the alphabet, ``a``-``d``)? A
+rule is written as its labels
 for the counts 0, 1, 2, 3. The twist is what every client shares and the base does not know (issue #50 item 3:
 a world where a global model is not capped at zero-shot); the rules are what clients do not share. The planted
 tree:
@@ -18,7 +19,7 @@ tree:
 =========  ======  ===========================  ================================================
 level      blocks  differs by                   default rules (labels of counts 0 1 2 3)
 =========  ======  ===========================  ================================================
-root       1       nothing                      the twist (labels flipped for query letters a, b)
+root       1       nothing                      the twist (labels flipped for query letters a-d)
 top        2       the shape of the rule        group 0 "at least t", group 1 "exactly in a band"
 subgroup   4       its parameter                ``0011`` (>= 2), ``0001`` (>= 3), ``0100`` (= 1), ``0110`` (1-2)
 leaf       8       data only                    two clients per rule, disjoint samples
@@ -35,9 +36,11 @@ heterogeneity on top of the rules.
 
 **Ceilings** (exact, from the sampling law; ``World.ceilings``): a client that knows its rule and the twist is
 always right (1.0); the best single global predictor ("count >= 1", flipped on the twist letters) scores 0.708
-on average over the default clients; the frozen base's own answer ("count >= 1", never flipped) scores
-0.708 on the untwisted three quarters of the queries and 0.292 on the twisted quarter, 0.604 in all. So a
-global model has 10.4 points to learn over zero-shot and personalisation 29.2 more.
+on average over the default clients; the frozen base's own answer ("count >= 1", never flipped) scores 0.708 on
+the untwisted half of the queries and 0.292 on the twisted half, 0.5 in all. So a global model has 20.8 points to
+learn over zero-shot and personalisation 29.2 more. (With a quarter of the letters twisted, v2's first world,
+FedAvg gained 3.4 of its 10.4 points: averaging conflicting rules cost it on the untwisted queries what it won on
+the twisted ones; README, Deviation 9.)
 
 **Unseen clients.** ``unseen_per_rule`` more clients per rule (``World.unseen``, ids after the training
 clients') never take part in training; the generalisation claim personalises them from the trained federation.
@@ -50,8 +53,8 @@ Example:
     >>> world.planted_labels("top").tolist(), world.planted_labels("subgroup").tolist()
     ([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])
     >>> s, y = world.sample(world.clients[2], np.random.default_rng(0), 3)
-    >>> [(t, int(v)) for t, v in zip(s, y)]
-    [('daaacgfh:c', 0), ('ddhbgefc:f', 0), ('fgbghadg:g', 1)]
+    >>> [(t, int(v)) for t, v in zip(s, y)]            # c is a twist letter: its label is flipped
+    [('daaacgfh:c', 1), ('ddhbgefc:f', 0), ('fgbghadg:g', 1)]
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ class World:
         per_rule: clients sharing each exact rule.
         letters: the alphabet of the strings.
         length: string length (before the ``:q`` query).
-        twist: query letters whose label every client flips (shared by all; ``""``: no twist).
+        twist: query letters whose label every client flips (shared by all; ``""``: no twist; default: the first
+            half of ``letters``).
         unseen_per_rule: clients per rule held out of training (``unseen``), numbered after ``clients``.
     """
 
@@ -109,7 +113,7 @@ class World:
     per_rule: int = 2
     letters: str = "abcdefgh"
     length: int = 8
-    twist: str = "ab"
+    twist: str | None = None
     unseen_per_rule: int = 1
     clients: list[ClientSpec] = field(init=False)
     unseen: list[ClientSpec] = field(init=False)
@@ -119,6 +123,8 @@ class World:
             raise ValueError(f"letters must be at least 3 distinct characters, got {self.letters!r}")
         if self.per_rule < 1 or self.length < max(COUNTS) + 1:
             raise ValueError(f"need per_rule >= 1 and length >= {max(COUNTS) + 1}, got {self.per_rule}, {self.length}")
+        if self.twist is None:
+            self.twist = self.letters[:len(self.letters) // 2]
         if not isinstance(self.twist, str) or set(self.twist) - set(self.letters) or len(set(self.twist)) != len(
                 self.twist) or len(self.twist) >= len(self.letters):
             raise ValueError(f"twist must be distinct letters of {self.letters!r}, not all of them, got {self.twist!r}")

@@ -105,6 +105,8 @@ class Config:
     """seed of the clients' data, the batch order and nothing else (the base is fixed by ``lab_seed``)"""
     lab_seed: int = 0
     """seed of the pretrained base (trained once and cached)"""
+    twist: str = "abcd"
+    """the query letters whose label every client flips (``data.World.twist``: the shared structure)"""
     hidden: int = 48
     """width of the base (4 heads, 2 key-value heads, MLP 2 x hidden)"""
     layers: int = 4
@@ -477,7 +479,7 @@ def run(cfg: Config) -> SeedRun:
     if isinstance(cfg.lr_extend, bool) or not isinstance(cfg.lr_extend, int) or cfg.lr_extend < 0:
         raise ValueError(f"lr_extend must be a non-negative int, got {cfg.lr_extend!r}")
     base, tok = base_model(cfg)
-    world = World()
+    world = World(twist=cfg.twist)
     clients = make_clients(world, tok, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed)
     n = world.n_clients
     tkw = dict(labels=LABELS, r=cfg.rank, alpha=cfg.alpha, batch_size=cfg.batch_size)
