@@ -53,19 +53,17 @@ def test_arm_objectives():
         make_loss("gkd", SMOKE, 0, 4)
 
 
-def test_on_policy_batch_keeps_prompts_and_labels_only_the_sample():
-    from icml26.common.tiny_vlm import (
-        SceneSpec,
-        VLMSpec,
-        encode,
-        make_items,
-        sample_scenes,
-        tiny_vlm,
-        vlm_tokenizer,
-    )
 
-    tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
-    model = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=0)
+def _tiny_student():
+    """``(tokenizer, scenes, a one-layer tiny LLaVA)`` for the on-policy sampling tests."""
+    from icml26.common import tiny_vlm as lab
+
+    tok, scenes = lab.vlm_tokenizer(), lab.SceneSpec(grid=2)
+    return tok, scenes, lab.tiny_vlm(tok, lab.VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=0)
+
+def test_on_policy_batch_keeps_prompts_and_labels_only_the_sample():
+    tok, scenes, model = _tiny_student()
+    from icml26.common.tiny_vlm import encode, make_items, sample_scenes
     rng = np.random.default_rng(0)
     attrs = sample_scenes(scenes, rng, 6)
     batch = encode(tok, make_items(scenes, attrs, rng, ["patch", "count", "object"]), scenes, attrs, rng)
@@ -83,18 +81,8 @@ def test_on_policy_batch_keeps_prompts_and_labels_only_the_sample():
 def test_on_policy_samples_never_hold_the_image_placeholder():
     """A student that puts almost all its mass on ``<image>``: the on-policy responses avoid it (a LLaVA forward
     refuses a response holding image tokens beyond the image's), and the batch runs through the student."""
-    from icml26.common.tiny_vlm import (
-        SceneSpec,
-        VLMSpec,
-        encode,
-        make_items,
-        sample_scenes,
-        tiny_vlm,
-        vlm_tokenizer,
-    )
-
-    tok, scenes = vlm_tokenizer(), SceneSpec(grid=2)
-    model = tiny_vlm(tok, VLMSpec(hidden=16, layers=1, intermediate=32), scenes, seed=0)
+    tok, scenes, model = _tiny_student()
+    from icml26.common.tiny_vlm import encode, make_items, sample_scenes
     image = tok.convert_tokens_to_ids("<image>")
     with torch.no_grad():
         model.lm_head.weight[image] = 50.0 * model.model.language_model.norm.weight.sign()

@@ -22,6 +22,8 @@ from icml26.common.federation import run_in_process
 from icml26.fedtreelora.baselines import ARMS, Ditto, FedAvgLoRA, LocalLoRA
 from icml26.fedtreelora.core import PERSONAL, run_batched
 
+from .test_core import FakeClient
+
 
 # ------------------------------------------------------------------------------- a numpy stand-in trainer
 class ProxTrainer:
@@ -64,14 +66,6 @@ class ProxTrainer:
 
     def correct_many(self, datas, inputs):
         return [self.correct(d, *inp) for d, inp in zip(datas, inputs, strict=True)]
-
-
-class FakeClient:
-    def __init__(self, cid, target, n=4):
-        self.cid, self.n_train = cid, n
-        self.train = (target, np.zeros(n))
-        self.val = (None, np.zeros(3))
-        self.test = (None, np.zeros(5))
 
 
 def _clients(tr, seed=0, n=3):
