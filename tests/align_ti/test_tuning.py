@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 from icml26.align_ti import experiment
 from icml26.align_ti.experiment import ARMS, HEADLINE, PRESETS
+from icml26.common.grid_notes import lr_edge_note
 from icml26.common.tiny_vlm import item_ids
 
 SMOKE = PRESETS["smoke"]
@@ -62,10 +63,10 @@ def test_an_edge_choice_extends_the_grid_and_is_flagged_when_still_on_an_edge(mo
     assert sorted(lr for arm, lr in asked if arm == "vanilla_kd") == pytest.approx([*GRID, 8e-3, 1.6e-2])
     fixed = experiment.tune_arm(dataclasses.replace(CFG, lr_extend=0), "sft", None)
     assert fixed["lr"] == pytest.approx(1e-3) and fixed["at_edge"] and len(fixed["grid"]) == 3
-    note = experiment.edge_note(CFG, {"sft": low, "vanilla_kd": high})
+    note = lr_edge_note(CFG.lr_extend, {"sft": low, "vanilla_kd": high})
     assert note.startswith("learning rate on the edge of its grid after 2 extension(s) for sft (0.00025 of")
     assert "vanilla_kd" not in note
-    assert experiment.edge_note(CFG, {"vanilla_kd": high}) is None
+    assert lr_edge_note(CFG.lr_extend, {"vanilla_kd": high}) is None
 
 
 def test_every_trained_arm_is_tuned_and_the_more_steps_arms_take_vanilla_kds_choice(monkeypatch):

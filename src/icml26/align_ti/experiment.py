@@ -55,6 +55,7 @@ import torch
 
 from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
+from ..common.grid_notes import lr_edge_note
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -590,23 +591,6 @@ def tuning_metrics(tuned: dict[str, Any]) -> dict[str, float]:
             "lr_grid_min": float(min(tuned["grid"])), "lr_grid_max": float(max(tuned["grid"]))}
 
 
-def edge_note(cfg: Config, choice: dict[str, dict[str, Any]]) -> str | None:
-    """The headline claim's note naming every choice still on an edge of its grid (``None`` when none is).
-
-    Example:
-        >>> edge_note(PRESETS["quick"], {"sft": {"lr": 0.00025, "grid": [0.00025, 0.0005, 0.001, 0.002, 0.004],
-        ...                                      "at_edge": True},
-        ...                              "vanilla_kd": {"lr": 0.002, "grid": [0.001, 0.002, 0.004], "at_edge": False}})
-        'learning rate on the edge of its grid after 2 extension(s) for sft (0.00025 of [0.00025, 0.0005, 0.001, 0.002, 0.004])'
-    """
-    edge = [name for name, t in choice.items() if t["at_edge"]]
-    if not edge:
-        return None
-    return (f"learning rate on the edge of its grid after {cfg.lr_extend} extension(s) for "
-            + ", ".join(f"{n} ({choice[n]['lr']:g} of {[float(f'{v:.3g}') for v in choice[n]['grid']]})"
-                        for n in edge))
-
-
 # ------------------------------------------------------------------------------------------- stage-2 budget
 def stage1_by_family(cfg: Config, parts: tuple[Any, Any, Any, int]) -> dict[str, float]:
     """The stage-1 checkpoint's validation exact match per family (the start the stage-2 budget rule compares
@@ -711,7 +695,7 @@ def run(cfg: Config) -> SeedRun:
         **{f"irs_layer{i}": v for i, v in enumerate(irs)},
     }
     notes = {}
-    if (note := edge_note(cfg, {a: c for a, c in choice.items() if a not in MORE_KD})) is not None:
+    if (note := lr_edge_note(cfg.lr_extend, {a: c for a, c in choice.items() if a not in MORE_KD})) is not None:
         notes[HEADLINE] = note
     return SeedRun(metrics, units=units, series={"lr_tuning": choice}, notes=notes, unit_ids=unit_ids_of(data),
                    held_out=held_out_of(trained, validation_ids(cfg)))

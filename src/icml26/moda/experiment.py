@@ -57,6 +57,7 @@ import torch
 
 from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
+from ..common.grid_notes import lr_edge_note
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -422,22 +423,6 @@ def tuning_metrics(tuned: dict[str, Any]) -> dict[str, float]:
             "lr_at_edge": float(tuned["at_edge"])}
 
 
-def edge_note(cfg: Config, choice: dict[str, dict[str, Any]]) -> str | None:
-    """The headline claim's note naming every choice still on an edge of its grid (``None`` when none is).
-
-    Example:
-        >>> edge_note(PRESETS["quick"], {"moda": {"lr": 0.032, "grid": [0.002, 0.032], "at_edge": True},
-        ...                              "none": {"lr": 0.004, "grid": [0.002, 0.004, 0.008], "at_edge": False}})
-        'learning rate on the edge of its grid after 1 extension(s) for moda (0.032 of [0.002, 0.032])'
-    """
-    edge = [name for name, t in choice.items() if t["at_edge"]]
-    if not edge:
-        return None
-    return (f"learning rate on the edge of its grid after {cfg.lr_extend} extension(s) for "
-            + ", ".join(f"{n} ({choice[n]['lr']:g} of {[float(f'{v:.3g}') for v in choice[n]['grid']]})"
-                        for n in edge))
-
-
 # ----------------------------------------------------------------------------------------- reference arms
 def chance_outcomes(items: list) -> np.ndarray:
     """Correctness of the best image-blind answer (the first colour / shape word; answers are uniform)."""
@@ -533,7 +518,7 @@ def run(cfg: Config) -> SeedRun:
         units["items"][name] = {"accuracy": out["accuracy"].tolist()}
         metrics[name] = tuning_metrics(choice[name])
     notes = {}
-    if (note := edge_note(cfg, choice)) is not None:
+    if (note := lr_edge_note(cfg.lr_extend, choice)) is not None:
         notes[HEADLINE] = note
     if cfg.paper_scale:
         metrics["paper_scale"] = dict(_paper_scale())
