@@ -84,7 +84,11 @@ def test_smoke_reproduction(tmp_path):
     picked = [arms["best_baseline"][f"picked_{a}"]["mean"] for a in ("local", "fedavg_ft", "ditto", "fixed_depth",
                                                                       "fedsa_lora", "flat_cluster")]
     assert sum(picked) == 1.0
-    assert "lam" in arms["ditto"] and arms["fedtreelora"]["lr_at_edge"]["mean"] in (0.0, 1.0)
+    # smoke's two-value grids are not extended: every choice is on an edge, recorded and noted on the headline
+    assert arms["fedtreelora"]["lr_at_edge"]["mean"] == 1.0 and arms["ditto"]["lam_at_edge"]["mean"] == 1.0
+    headline = next(c for c in data["claims"] if c["id"] == "vs_best_baseline")
+    assert "on the edge of its grid after 0 extension(s)" in str(headline["notes"])
+    assert "ditto lam" in str(headline["notes"])
     assert arms["local"]["bytes_per_round"]["mean"] == 0.0
     assert arms["fedsa_lora"]["bytes_per_round"]["mean"] < arms["fedavg_lora"]["bytes_per_round"]["mean"]
     assert arms["fedtreelora"]["trainable_params"]["mean"] == arms["fedavg_lora"]["trainable_params"]["mean"] + 8

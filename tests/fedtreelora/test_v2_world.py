@@ -195,3 +195,32 @@ def test_unseen_outcomes_fine_tune_from_the_placed_experts_with_equal_compute():
     for k in tr.keys:   # two fine-tuning rounds of one 10 % step each, from the block's cluster expert
         t = new.train[0][k].astype(np.float64)
         np.testing.assert_allclose(seen[k], t + 0.9 ** 2 * (start[k] - t), rtol=1e-5, atol=1e-6)
+
+
+def test_unseen_fedavg_ft_fine_tunes_fedavgs_model_for_all_rounds_and_local_starts_from_scratch():
+    import dataclasses
+
+    from icml26.fedtreelora.baselines import FedAvgLoRA, LocalLoRA
+    from icml26.fedtreelora.experiment import unseen_outcomes
+
+    rng = np.random.default_rng(5)
+    tr = BatchedLinearTrainer()
+    clients = _clients(tr, rng)
+    kw = dict(train_rounds=2, local_steps=1, lr=0.1, seed=3)
+    fedavg = FedAvgLoRA(tr, **kw)
+    state = run_in_process(fedavg, clients)
+    new = _clients(tr, rng, n=1)[0]
+    new.cid = 9
+    cfg = dataclasses.replace(PRESETS["smoke"], warmup_rounds=1, ft_rounds=2)
+    chosen = {"fedavg_lora": {"algo": fedavg, "state": state, "lr": 0.1}, "fedavg_ft": {"lr": 0.1},
+              "local": {"algo": LocalLoRA(tr, **kw), "state": {}, "lr": 0.1}}
+    tr.evaluated.clear()
+    out, _ = unseen_outcomes(cfg, tr, None, [new], chosen)
+    assert set(out) == {"fedavg_ft", "local"}
+    seen_ft, seen_local = tr.evaluated          # UNSEEN_ARMS order: fedavg_ft before local
+    init = tr.init_state()
+    for k in tr.keys:   # warm-up + fine-tuning rounds (1 + 2) of one 10 % step each
+        t = new.train[0][k].astype(np.float64)
+        glob = state["messages"][0]["clus/" + k].astype(np.float64)
+        np.testing.assert_allclose(seen_ft[k], t + 0.9 ** 3 * (glob - t), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(seen_local[k], t + 0.9 ** 3 * (init[k] - t), rtol=1e-5, atol=1e-6)
