@@ -345,3 +345,61 @@ def test_the_code_digest_covers_the_paper_package_and_common():
     assert cache._tree_digest.cache_info().currsize >= 2  # common/ and spard/ hashed once each
     other = cache.code_digest(cache.cached_json)  # another common function: the same code digest as tiny_lm's
     assert other == lab_only
+
+
+# ------------------------------------------------------------------------------------------ the build's threads
+def _threads_seen() -> dict[str, int]:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    return {"torch": torch.get_num_threads(), "blas": max((p["num_threads"] for p in threadpool_info()), default=1)}
+
+
+@pytest.mark.parametrize("kind", ["entry", "json"])
+def test_every_build_runs_at_the_build_threads_whatever_the_caller_set(root, kind):
+    """An entry's key holds no thread count, so a build must not see the caller's (a test at the machine default
+    and the runner at one thread once built different align_ti teachers under one key); the caller's setting comes
+    back afterwards, also when the build raises."""
+    torch = pytest.importorskip("torch")
+    from threadpoolctl import threadpool_limits
+
+    seen: list[dict[str, int]] = []
+
+    def build():
+        seen.append(_threads_seen())
+        return "v1" if kind == "entry" else {"v": 1}
+
+    def run(key):
+        if kind == "entry":
+            return cached_entry("ns", key, build, save=_save, load=_load)
+        return cached_json("ns", key, build)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with threadpool_limits(3):
+            run({"k": 1})
+            assert seen == [{"torch": cache.BUILD_THREADS, "blas": cache.BUILD_THREADS}]
+            assert torch.get_num_threads() == 3
+
+            def broken():
+                seen.append(_threads_seen())
+                raise RuntimeError("boom")
+
+            with pytest.raises(RuntimeError, match="boom"):
+                if kind == "entry":
+                    cached_entry("ns", {"k": 2}, broken, save=_save, load=_load)
+                else:
+                    cached_json("ns", {"k": 2}, broken)
+            assert seen[-1]["torch"] == cache.BUILD_THREADS
+            assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_held_refuses_a_bad_count():
+    from icml26.common.repro import threads_held
+
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="n must be a positive int"), threads_held(bad):
+            pass
