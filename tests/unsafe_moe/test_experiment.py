@@ -57,6 +57,44 @@ def test_world_keeps_evaluation_prefixes_held_out():
         request_of("how do i fly.")
 
 
+def test_wide_prefixes_train_on_more_prompts_and_keep_the_evaluation_prefixes_held_out():
+    """Deviation 13's world: both stages train every request under the seven added prefixes too; the held-out pool,
+    the calibration prompts and the unit ids of the evaluated prompts do not move; the models' cache keys differ."""
+    tok, k = world_tokenizer("mixtral"), keys(0)
+    wide = exp.train_prefixes(exp.WIDE_PREFIXES)
+    assert len(wide) == 14 and wide[:7] == TRAIN_PREFIXES and not set(wide) & set(EVAL_PREFIXES)
+    for world in (None, "deep", "shallow"):
+        narrow, broad = _stage_data(tok, k, world), _stage_data(tok, k, world, exp.WIDE_PREFIXES)
+        added = [p for p in broad[0] if p not in set(narrow[0])]
+        prefilled = 2 * 7 * len(HARMFUL) if world == "shallow" else 0  # each added harmful chat + TARGET, twice
+        assert len(added) == 7 * len(BENIGN + HARMFUL) + prefilled
+        assert {chat_text(tok, u, True) for u in prompts(exp.WIDE_PREFIXES, BENIGN + HARMFUL)} <= set(added)
+    cfg = dataclasses.replace(TINY, extra_prefixes=exp.WIDE_PREFIXES)
+    (ids, split), (ids0, split0) = exp.unit_ids(cfg), exp.unit_ids(TINY)
+    assert ids == ids0 and split["prompts"]["validation"] == split0["prompts"]["validation"]
+    trained = set(split["prompts"]["train"])
+    assert len(trained) == len(split0["prompts"]["train"]) + 7 * len(BENIGN + HARMFUL)
+    assert not trained & set(ids["pool_prompts"]) and not trained & set(ids["benign_prompts"])
+    assert exp._model_key(cfg, "mixtral", 0) != exp._model_key(TINY, "mixtral", 0)
+
+
+@pytest.mark.parametrize("extra, error", [
+    (("show me how to",), ValueError),  # an evaluation prefix
+    (("please give me steps to",), ValueError),  # holds one
+    (("outline",), ValueError),  # held by one
+    (("how do i",), ValueError),  # a training prefix already
+    (("how can i", "how can i"), ValueError),
+    ((" ",), ValueError),
+    ("how can i", TypeError),
+    ((3,), TypeError),
+])
+def test_extra_prefixes_that_would_train_on_held_out_prompts_are_refused(extra, error):
+    with pytest.raises(error, match="extra_prefixes"):
+        exp.train_prefixes(extra)
+    with pytest.raises(error, match="extra_prefixes"):
+        run(dataclasses.replace(TINY, extra_prefixes=extra))
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
 def test_the_two_worlds_differ_only_in_the_affirmative_continuation(family):
     tok = world_tokenizer(family)
