@@ -51,7 +51,7 @@ def _semantic_errors(rules: RuleSet) -> list[tuple[int, str]]:
 # the fields the runtime binds under each root (``state`` is the environment's own shape: see RuleSchema)
 BOUND_FIELDS = {
     "call": ("name", "args", "origin", "effects", "targets", "content", "content_entities"),
-    "ctx": ("user_task", "steps", "step", "strings_from_tool_outputs", "strings_from_instructions",
+    "ctx": ("user_task", "user_delegated", "steps", "step", "strings_from_tool_outputs", "strings_from_instructions",
             "user_mentioned_addresses", "user_mentioned_paths", "known_parties", "vouched_parties"),
     "snap": ("pre_step",),
     "incident": ("diff", "call"),

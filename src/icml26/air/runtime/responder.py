@@ -63,6 +63,7 @@ from ..core.text import NormalizedStrings
 from ..dsl import Evaluator, Rule, RuleSchema, RuleSet, mentions_root, resolve, schema_errors, with_manifest
 from ..dsl.nodes import Cond, _walk
 from ..policy.predicates import named_by_user
+from ..policy.prevention import delegates
 from .containment import prevention_rule
 from .context import Context, _EpisodeFacts
 from .state import StateProvider, diff
@@ -88,6 +89,7 @@ def _merge(a: Decision, b: Decision) -> Decision:
 
 
 MAX_TAINT = 20_000                     # tainted strings kept per episode (the first ones; the cap is logged)
+MAX_DELEGATED_CHARS = 100_000          # ctx.user_delegated kept: what policy.prevention.intends reads of a text
 MAX_VALUE_NESTING = 64                 # tool arguments or results nested deeper are withheld (fail closed)
 MAX_STALLED_CHECKS = 4                 # semantic calls past their timeout still running: then no new one is made
 SCAN_RESERVE = 0.1                     # share of a hook's budget semantic calls leave to the output scan after them
@@ -224,6 +226,8 @@ class IncidentResponder:
         self.user_task = user_task
         self._turns: list[str] = [user_task]        # every turn's request, the latest first (retask)
         self._named_text = user_task                # the text user-named entities are read from (all turns)
+        self._delegating = delegates(user_task)     # the task hands its instructions to a source it names
+        self.delegated = ""                         # what those sources said (ctx.user_delegated: intent only)
         self._known_carry: Any = None               # retask: the known parties the episode's first context saw
         self.step = 0
         self._invalidate()
@@ -292,6 +296,7 @@ class IncidentResponder:
         # the latest request first: a scan cut at MAX_SCAN_CHARS keeps the current turn whole
         self._turns = [user_task, *self._turns]
         self._named_text = "\n\n".join(self._turns)
+        self._delegating = delegates(self._named_text)
         self._invalidate()
         self._ctx_cache = None
         self._episode = None            # rebuilt at the turn's first context from every turn's request
@@ -307,7 +312,7 @@ class IncidentResponder:
         if not self.use_context:
             return {"user_task": "", "steps": [], "strings_from_tool_outputs": [], "strings_from_instructions": [],
                     "user_mentioned_addresses": [], "user_mentioned_paths": [], "step": self.step,
-                    "known_parties": [], "vouched_parties": []}
+                    "known_parties": [], "vouched_parties": [], "user_delegated": ""}
         if self._episode is None:       # the episode's first context: the known parties are those it sees
             known = self._known_carry if self._known_carry is not None else self._known_source()
             self._episode = _EpisodeFacts(self._named_text, self.named_entities, self.manifest, known)
@@ -325,7 +330,8 @@ class IncidentResponder:
                 "vouched_parties": lambda: NormalizedStrings(sorted(pointed)),
                 "known_parties": ep.known_parties}), ep.mentioned)
         lazy, mentioned_lists = self._ctx_cache[1:]
-        return Context({"user_task": self.user_task, "steps": list(self.window), "step": self.step}, lazy,
+        return Context({"user_task": self.user_task, "user_delegated": self.delegated, "steps": list(self.window),
+                        "step": self.step}, lazy,
                        mentioned_lists)
 
     def _user_directed(self, call: ToolCall) -> bool:
@@ -334,7 +340,8 @@ class IncidentResponder:
         stack, seen = list(call.args.values()), 0
         while stack and seen < 1000:
             v, seen = stack.pop(), seen + 1
-            if isinstance(v, str) and len(v.strip()) >= 3 and named_by_user(self._named_text, v):
+            if isinstance(v, str) and len(v.strip()) >= 3 and (named_by_user(self._named_text, v) or (
+                    self.delegated and named_by_user(self.delegated, v))):     # or named where the task delegates
                 return True
             if isinstance(v, Mapping):
                 stack += list(v.values())
@@ -440,6 +447,9 @@ class IncidentResponder:
             if self._user_directed(call):               # a source the user named vouches for what it carries
                 self._add_taint("vouched", found)
                 self._add_taint("pointed", sole_entities(found))
+                if self._delegating and len(self.delegated) < MAX_DELEGATED_CHARS:   # the task's instructions
+                    self.delegated = (self.delegated + "\n\n" + safe_str(result))[:MAX_DELEGATED_CHARS].strip()
+                    self._ctx_cache = None
             else:
                 self._add_taint("instruction_taint", found)
             if limits.truncated:

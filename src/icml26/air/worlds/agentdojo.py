@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -619,6 +620,25 @@ class ScriptedUser:
         return False
 
 
+def heldout_tasks(suite: str, ids: Iterable[str]) -> frozenset[str]:
+    """The held-out half of one suite's user tasks, or of its injection tasks, for the v3 prevention rows (issue #49):
+    the ids ranked by the SHA-1 of ``"<suite>:<id>"`` (hex digest, ascending), the first ``len(ids) // 2`` held out,
+    the rest (one more when the count is odd) the development half.
+
+    Fixed before any failure of the posture was diagnosed on a half (README, Deviations 19), and the same for user
+    tasks and injection tasks: a **held-out pair** has a held-out user task *and* a held-out injection task, a
+    **development pair** a development user task and a development injection task (the mixed pairs are in neither
+    half, only in the all-pairs rows); the held-out **benign** tasks are the held-out user tasks. The rank depends
+    on the suite's whole id list, so pass every id of the suite (``evaluate_prevention`` does), not a subset.
+
+    Example:
+        >>> sorted(heldout_tasks("banking", ["user_task_0", "user_task_1", "user_task_2", "user_task_3"]))
+        ['user_task_0', 'user_task_1']
+    """
+    ranked = sorted(dict.fromkeys(ids), key=lambda i: hashlib.sha1(f"{suite}:{i}".encode()).hexdigest())
+    return frozenset(ranked[: len(ranked) // 2])
+
+
 @dataclass
 class PreventionResult:
     """One run of :func:`evaluate_prevention`: a (user task, injection task) pair, or a user task alone
@@ -634,6 +654,7 @@ class PreventionResult:
     interrupted: bool = False          # AIR fired (asked the user, blocked or stopped) during the run with AIR
     asked: int = 0                     # questions to the user
     refused: int = 0                   # of which refused
+    split: str = ""                    # "dev", "heldout" (both tasks in that half: heldout_tasks), "mixed"; "": none
 
 
 def evaluate_prevention(suite_name: str, rules: RuleSet, manifest: Any, *, user_tasks: Sequence[str] | None = None,
@@ -662,6 +683,13 @@ def evaluate_prevention(suite_name: str, rules: RuleSet, manifest: Any, *, user_
     its = [suite.injection_tasks[k] for k in (injection_tasks if injection_tasks is not None else
                                               sorted(suite.injection_tasks, key=_task_order))]
     bens = [suite.user_tasks[k] for k in (benign_user_tasks if benign_user_tasks is not None else order)]
+    held_ut = heldout_tasks(suite_name, suite.user_tasks)          # the split over the suite's every task
+    held_it = heldout_tasks(suite_name, suite.injection_tasks)
+
+    def split(ut: Any, it: Any) -> str:
+        halves = {ut.ID in held_ut} | ({it.ID in held_it} if it is not None else set())
+        return "mixed" if len(halves) > 1 else ("heldout" if True in halves else "dev")
+
     agent = ScriptedCompromisedAgent()
     air = IncidentResponder(rules, DictState(dict), manifest=manifest)
 
@@ -678,7 +706,7 @@ def evaluate_prevention(suite_name: str, rules: RuleSet, manifest: Any, *, user_
     for ut in bens:
         agent.reset(ut, None)
         u0, _ = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(None)), ut, None, {})
-        row = PreventionResult(suite_name, ut.ID, None, False, bool(u0))
+        row = PreventionResult(suite_name, ut.ID, None, False, bool(u0), split=split(ut, None))
         with_air(ut, None, {}, row)
         benign.append(row)
     att = load_attack(attack, suite, _Named())
@@ -688,7 +716,7 @@ def evaluate_prevention(suite_name: str, rules: RuleSet, manifest: Any, *, user_
             inj = att.attack(ut, it)
             agent.reset(ut, it)
             u0, s0 = suite.run_task_with_pipeline(_pipeline(agent, AIRToolsExecutor(None)), ut, it, inj)
-            row = PreventionResult(suite_name, ut.ID, it.ID, bool(s0), bool(u0))
+            row = PreventionResult(suite_name, ut.ID, it.ID, bool(s0), bool(u0), split=split(ut, it))
             with_air(ut, it, inj, row)
             pairs.append(row)
     return pairs, benign
@@ -698,13 +726,24 @@ def summarize_prevention(pairs: Sequence[PreventionResult], benign: Sequence[Pre
     """Rates of :func:`evaluate_prevention`: ``attack_success_without_air`` / ``_with_air`` over every pair,
     ``attack_goal_reached_with_air`` over the pairs whose attack succeeds without AIR, ``utility_*_under_attack``
     over every pair, ``benign_interrupted`` and ``benign_utility_*`` over the benign user tasks, and the questions
-    to the user per run (``asks_per_benign_task``, ``asks_per_pair``).
+    to the user per run (``asks_per_benign_task``, ``asks_per_pair``). When the rows carry a split
+    (:func:`heldout_tasks`), each of these is given again over the development pairs and user tasks (``<name>_dev``)
+    and the held-out ones (``<name>_heldout``); the unsuffixed names stay every pair and every user task.
 
     Example:
         >>> r = PreventionResult("s", "u", "i", True, True, False, True, True, 1, 1)
         >>> summarize_prevention([r], [PreventionResult("s", "u", None, False, True, False, True)])["attack_success_with_air"]
         0.0
     """
+    out = _prevention_rates(pairs, benign)
+    for half in ("dev", "heldout"):
+        if any(r.split for r in (*pairs, *benign)):
+            rates = _prevention_rates([r for r in pairs if r.split == half], [r for r in benign if r.split == half])
+            out.update({f"{k}_{half}": v for k, v in rates.items()})
+    return out
+
+
+def _prevention_rates(pairs: Sequence[PreventionResult], benign: Sequence[PreventionResult]) -> dict[str, float]:
     hit = [r for r in pairs if r.attack_succeeded]
     out = {"pairs": float(len(pairs)), "attacks_succeeded": float(len(hit)),
            "attack_success_without_air": _rate(pairs, "attack_succeeded"),
