@@ -71,8 +71,11 @@ AgentDojo's built-in attacks (``dojo_attacks``: the first is the development wor
 ``dojo_user_tasks`` evenly spaced user tasks per suite (quick 2, full 4) and every injection task; eradication
 develops on the development wording, the even positions of the chosen user tasks and the even-numbered injection
 tasks, and is tested on held-out user tasks, held-out wordings and held-out injection tasks (whole families).
-Arms ``dojo`` (pooled), ``dojo_<suite>``, ``dojo_attack_<attack>``, ``dojo_dev_attack``, ``dojo_heldout_attacks``;
-also deterministic and checked ``exactly``. Eradication there lifts constants to the suite manifest's classes and
+Arms ``dojo`` (pooled), ``dojo_<suite>``, ``dojo_attack_<attack>``, ``dojo_dev_attack``, ``dojo_heldout_attacks``,
+``dojo_wording``; also deterministic and checked ``exactly``. The wording rows (``dojo_attack_*``, ``dojo_dev_attack``,
+``dojo_heldout_attacks``, ``dojo_wording`` and ``dojo.blocked_heldout_attacks``) run the persuadable agent, whose
+compliance depends on the wording (issue #49 item 4; README, Deviations 20); ``dojo`` and ``dojo_<suite>`` the
+scripted agent under the development wording alone (its other wordings were copies of each pair). Eradication there lifts constants to the suite manifest's classes and
 is validated on the suite's benign corpus; the eradicated rules alone also run on every user task outside that
 corpus without an injection (``eradicated_fp_rate``, ``eradicated_utility_*``; :func:`dojo_generic_metrics`).
 
@@ -633,7 +636,14 @@ def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int, attacks: tupl
     the development wording, the rest held out), ``user_tasks`` user tasks per suite (even positions develop
     eradication, odd ones are held out) and every injection task (even-numbered ones develop eradication, the
     odd-numbered incident families are held out whole). Arms: ``dojo`` (pooled), ``dojo_<suite>``,
-    ``dojo_attack_<attack>``, ``dojo_dev_attack`` and ``dojo_heldout_attacks``.
+    ``dojo_attack_<attack>``, ``dojo_dev_attack``, ``dojo_heldout_attacks`` and ``dojo_wording``.
+
+    Two agents (issue #49 item 4; README, Deviations 20): the scripted compromised agent, which makes the same calls
+    under every wording, runs the development wording alone for ``dojo`` and ``dojo_<suite>`` (each pair once); the
+    persuadable agent (``evaluate_attacks(..., agent="persuadable")``), whose compliance and way of complying depend
+    on the wording, runs every attack for the wording rows (``dojo_attack_<attack>``, ``dojo_dev_attack``,
+    ``dojo_heldout_attacks``, pooled ``dojo_wording``) with its own eradication, and ``dojo.blocked_heldout_attacks``
+    is its rate over the held-out wordings.
 
     Eradication (issue #36, fourth pass) goes through the lifted template (``TemplateSynthesizer(lift=True)`` with
     the suite's manifest: any tool of the effect class, any party outside what the user named and the known
@@ -655,7 +665,7 @@ def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int, attacks: tupl
 
         client = client_from_config(*llm)
     out: dict[str, dict[str, float]] = {}
-    pooled, benign = [], []
+    pooled, benign, worded, worded_benign = [], [], [], []
     for suite in progress(suites, desc="air AgentDojo suites"):
         spec = get_suite(BENCHMARK_VERSION, suite)
         chosen = _spaced(list(spec.user_tasks), user_tasks)
@@ -665,19 +675,30 @@ def dojo_generic_metrics(suites: tuple[str, ...], user_tasks: int, attacks: tupl
         corpus = sorted({u for u in spec.user_tasks if int(u.rsplit("_", 1)[-1]) % 2 == 0} - held
                         | set(chosen[::2]), key=lambda u: int(u.rsplit("_", 1)[-1]))
         check = [u for u in sorted(spec.user_tasks, key=lambda u: int(u.rsplit("_", 1)[-1])) if u not in corpus]
-        res, ben = evaluate_attacks(suite, rules, manifest, attacks=attacks, dev_attacks=dev,
-                                    user_tasks=chosen, dev_user_tasks=chosen[::2], dev_injection_tasks=families,
+        common = dict(dev_attacks=dev, user_tasks=chosen, dev_user_tasks=chosen[::2], dev_injection_tasks=families,
+                      semantic=_semantic(client), validation_user_tasks=corpus)
+        # the scripted agent makes the same calls under every wording: the development wording alone, each pair once
+        res, ben = evaluate_attacks(suite, rules, manifest, attacks=dev, benign_check_user_tasks=check,
                                     synthesizer=_synth(TemplateSynthesizer(lift=True, manifest=manifest), client),
-                                    semantic=_semantic(client), validation_user_tasks=corpus,
-                                    benign_check_user_tasks=check)
+                                    **common)
         pooled += res
         benign += ben
         out[f"dojo_{suite}"] = summarize_attacks(res, ben, dev)
+        # the wording rows: the persuadable agent under every attack, eradication learning afresh from its own
+        # development pairs (issue #49 item 4; README, Deviations 20)
+        res, ben = evaluate_attacks(suite, rules, manifest, attacks=attacks, agent="persuadable",
+                                    synthesizer=_synth(TemplateSynthesizer(lift=True, manifest=manifest), client),
+                                    **common)
+        worded += res
+        worded_benign += ben
     for a in attacks:
-        out[f"dojo_attack_{a}"] = summarize_attacks([r for r in pooled if r.attack == a], benign, dev)
-    out["dojo_dev_attack"] = summarize_attacks([r for r in pooled if r.attack in dev], benign, dev)
-    out["dojo_heldout_attacks"] = summarize_attacks([r for r in pooled if r.attack not in dev], benign, dev)
+        out[f"dojo_attack_{a}"] = summarize_attacks([r for r in worded if r.attack == a], worded_benign, dev)
+    out["dojo_dev_attack"] = summarize_attacks([r for r in worded if r.attack in dev], worded_benign, dev)
+    out["dojo_heldout_attacks"] = summarize_attacks([r for r in worded if r.attack not in dev], worded_benign, dev)
+    out["dojo_wording"] = summarize_attacks(worded, worded_benign, dev)
     out["dojo"] = summarize_attacks(pooled, benign, dev)
+    if "blocked_heldout_attacks" in out["dojo_wording"]:    # held-out wordings: the persuadable agent's rows
+        out["dojo"]["blocked_heldout_attacks"] = out["dojo_wording"]["blocked_heldout_attacks"]
     return out
 
 
