@@ -43,6 +43,7 @@ Example (the test items and the arms' objectives; ``run(PRESETS["smoke"])`` trai
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.bracketing import check_bracket, tune_bracketed
+from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
 from ..common.grid_notes import lr_edge_note
 from ..common.plotting import new_figure, save_figure
@@ -144,7 +145,12 @@ class Config:
     """arms trained"""
 
     def __post_init__(self) -> None:
-        check_bracket(self.lr_grid, self.lr_extend, grid_name="lr_grid", extend_name="lr_extend")
+        if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
+            raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
+        grid = [float(v) for v in self.lr_grid]
+        if len(grid) < 2 or not all(np.isfinite(v) and v > 0 for v in grid) or any(
+                b <= a for a, b in itertools.pairwise(grid)):
+            raise ValueError(f"lr_grid must hold at least two increasing positive rates, got {self.lr_grid!r}")
 
 
 PRESETS: dict[str, Config] = {

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common.bracketing import check_bracket, tune_bracketed
+from ..common.bracketing import tune_bracketed
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -701,7 +702,9 @@ def check_config(cfg: Config) -> None:
     for name, (limit, ext_name) in limits.items():
         extend = getattr(cfg, ext_name)
         grid = getattr(cfg, name)
-        check_bracket(grid, extend, grid_name=name, extend_name=ext_name, integer=True)
+        if (len(grid) < 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid)
+                or any(b <= a for a, b in itertools.pairwise(grid))):
+            raise ValueError(f"{name} must hold at least two increasing positive ints, got {grid!r}")
         ratio, rem = divmod(grid[1], grid[0])
         if rem or grid[0] % ratio ** extend:
             raise ValueError(f"{name} {grid!r}: its bracketing (ratio {grid[1] / grid[0]:g}, {ext_name} = {extend}) "

@@ -21,38 +21,7 @@ from typing import Any
 
 from .tuning import Rule, select
 
-__all__ = ["check_bracket", "tune_bracketed"]
-
-
-def check_bracket(grid: Sequence[float], extend: int, *, grid_name: str = "grid", extend_name: str = "extend",
-                  integer: bool = False) -> None:
-    """Refuse a grid :func:`tune_bracketed` cannot bracket, naming the settings' fields.
-
-    Args:
-        grid: must hold at least two increasing positive finite values (ints when ``integer``).
-        extend: must be a non-negative int.
-        grid_name, extend_name: the fields the messages name (``"lr_grid"``, ``"lr_extend"``).
-        integer: the grid holds counts (ranks, steps).
-    Raises:
-        ValueError: naming ``grid_name`` or ``extend_name``.
-
-    Example:
-        >>> check_bracket((1e-3, 2e-3), 1, grid_name="lr_grid", extend_name="lr_extend")
-        >>> check_bracket((2e-3, 1e-3), 1, grid_name="lr_grid")
-        Traceback (most recent call last):
-        ValueError: lr_grid must hold at least two increasing positive finite values, got (0.002, 0.001)
-    """
-    if isinstance(extend, bool) or not isinstance(extend, int) or extend < 0:
-        raise ValueError(f"{extend_name} must be a non-negative int, got {extend!r}")
-    kind = "ints" if integer else "finite values"
-    try:
-        values = [float(v) for v in grid]
-    except (TypeError, ValueError):
-        raise ValueError(f"{grid_name} must hold at least two increasing positive {kind}, got {grid!r}") from None
-    if (len(values) < 2 or any(not (math.isfinite(v) and v > 0) for v in values)
-            or any(b <= a for a, b in itertools.pairwise(values))
-            or (integer and any(isinstance(v, bool) or not isinstance(v, int) for v in grid))):
-        raise ValueError(f"{grid_name} must hold at least two increasing positive {kind}, got {grid!r}")
+__all__ = ["tune_bracketed"]
 
 
 def tune_bracketed(
@@ -73,8 +42,13 @@ def tune_bracketed(
         ValueError: a grid of fewer than two values, not increasing or not positive; ``extend`` negative; a NaN
             score.
     """
-    check_bracket(grid, extend)
     values = [float(v) for v in grid]
+    if len(values) < 2:
+        raise ValueError(f"grid needs at least two values, got {list(grid)!r}")
+    if any(not (math.isfinite(v) and v > 0) for v in values) or any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError(f"grid must hold increasing positive values, got {list(grid)!r}")
+    if isinstance(extend, bool) or not isinstance(extend, int) or extend < 0:
+        raise ValueError(f"extend must be a non-negative int, got {extend!r}")
     got = [score(v) for v in values]
     scores, arts = [float(g[0]) for g in got], [g[1] for g in got]
     ratio = values[1] / values[0]

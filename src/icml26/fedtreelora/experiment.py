@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.bracketing import check_bracket, tune_bracketed
+from ..common.bracketing import tune_bracketed
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -472,7 +473,11 @@ def run(cfg: Config) -> SeedRun:
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ALL_ARMS}")
     for name in ("lr_grid", "ditto_lams"):
-        check_bracket(getattr(cfg, name), cfg.lr_extend, grid_name=name, extend_name="lr_extend")
+        grid = getattr(cfg, name)
+        if len(grid) < 2 or any(not (v > 0 and math.isfinite(v)) for v in grid) or list(grid) != sorted(set(grid)):
+            raise ValueError(f"{name} must hold at least two increasing positive finite values, got {grid}")
+    if isinstance(cfg.lr_extend, bool) or not isinstance(cfg.lr_extend, int) or cfg.lr_extend < 0:
+        raise ValueError(f"lr_extend must be a non-negative int, got {cfg.lr_extend!r}")
     base, tok = base_model(cfg)
     world = World(twist=cfg.twist)
     clients = make_clients(world, tok, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed)

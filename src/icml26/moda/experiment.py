@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..common.bracketing import check_bracket, tune_bracketed
+from ..common.bracketing import tune_bracketed
 from ..common.cache import cached_json
 from ..common.grid_notes import lr_edge_note
 from ..common.plotting import new_figure, save_figure
@@ -144,7 +145,12 @@ class Config:
     def __post_init__(self) -> None:
         if isinstance(self.val_draws, bool) or not isinstance(self.val_draws, int) or self.val_draws < 1:
             raise ValueError(f"val_draws must be an int >= 1, got {self.val_draws!r}")
-        check_bracket(self.lr_grid, self.lr_extend, grid_name="lr_grid", extend_name="lr_extend")
+        if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
+            raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
+        grid = [float(v) for v in self.lr_grid]
+        if len(grid) < 2 or not all(np.isfinite(v) and v > 0 for v in grid) or any(
+                b <= a for a, b in itertools.pairwise(grid)):
+            raise ValueError(f"lr_grid must hold at least two increasing positive rates, got {self.lr_grid!r}")
 
 
 PRESETS: dict[str, Config] = {
