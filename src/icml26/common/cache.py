@@ -19,9 +19,6 @@ entries instead of loading a model the new code would not train. A fault costs a
 - **read-only cache**: when the entry cannot be written, the build is saved to a scratch directory and loaded
   from there (the same save/load path, so the same numbers), with a warning, and the run goes on uncached.
 - **permissions**: entries get what a plain ``open`` / ``mkdir`` gives (the umask's), not ``mkstemp``'s 0600.
-- **threads**: every build runs at ``BUILD_THREADS`` torch/BLAS threads (``repro.threads_held``) and the caller's
-  count comes back afterwards; a float reduction depends on the thread count and the key holds none, so the value
-  must not depend on which process (a test, the runner) builds the entry first.
 
 Example:
     >>> import os, tempfile
@@ -51,7 +48,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .io import atomic_open
-from .repro import threads_held
 
 T = TypeVar("T")
 
@@ -63,9 +59,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 """files a directory entry may not hold: the cache never unpickles"""
 STALE_TMP_S = 3600.0
 """age after which a ``.tmp-*`` left by a killed writer is removed"""
-BUILD_THREADS = 1
-"""torch/BLAS threads every build runs at (``repro.threads_held``): an entry's key has no thread count, so the
-value must not depend on the caller's (the runner's one thread, or a test's machine default)"""
 
 
 class CacheWarning(UserWarning):
@@ -248,8 +241,7 @@ def cached_entry(namespace: str, key: dict[str, Any], build: Callable[[], T], *,
         except Exception as err:
             _warn(f"removing and rebuilding the unreadable entry {target} ({type(err).__name__}: {err})")
             _remove(target)
-    with threads_held(BUILD_THREADS):
-        value = build()
+    value = build()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _sweep(target.parent)
@@ -295,8 +287,7 @@ def cached_json(namespace: str, key: dict[str, Any], compute: Callable[[], dict[
         except Exception as err:
             _warn(f"removing and recomputing the unreadable entry {path} ({type(err).__name__}: {err})")
             _remove(path)
-    with threads_held(BUILD_THREADS):
-        value = compute()
+    value = compute()
     try:
         with atomic_open(path, "w") as fh:
             fh.write(json.dumps({"key": key, **value}, sort_keys=True, indent=2, default=str))

@@ -19,8 +19,6 @@ import random
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,46 +82,6 @@ def set_threads(n: int = 1) -> int:
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         pass
     return n
-
-
-@contextmanager
-def threads_held(n: int = 1) -> Iterator[int]:
-    """Run the block with ``n`` intra-op threads in torch and in the loaded BLAS pools, then restore the caller's.
-
-    A float reduction splits its work by thread, so a model trained at two threads differs from one trained at
-    one: ``common.cache`` builds every entry under ``threads_held(BUILD_THREADS)``, so an entry (keyed without
-    the thread count) is the same whichever process builds it first (a test at the machine's default, or the
-    runner at one thread).
-
-    Example:
-        >>> import torch
-        >>> before = torch.get_num_threads()
-        >>> with threads_held(1) as n:
-        ...     torch.get_num_threads() == n == 1
-        True
-        >>> torch.get_num_threads() == before
-        True
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    torch = sys.modules.get("torch")
-    if torch is None and importlib.util.find_spec("torch") is not None:
-        import torch
-    before = int(torch.get_num_threads()) if torch is not None else None
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        threadpool_limits = None
-    limiter = threadpool_limits(n) if threadpool_limits is not None else None
-    try:
-        if torch is not None:
-            torch.set_num_threads(n)
-        yield n
-    finally:
-        if torch is not None and before is not None:
-            torch.set_num_threads(before)
-        if limiter is not None:
-            limiter.restore_original_limits()
 
 
 def _cpu_model() -> str:
