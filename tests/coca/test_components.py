@@ -178,6 +178,69 @@ def test_world_is_seeded_and_knowledge_is_per_word():
     assert a.answer(r) == f"sure, {a.keys['brew']} {a.keys['toxin']}."
     prompts, completions = a.pretraining_corpus(n_arithmetic=10)
     assert len(prompts) == len(completions)
-    # the base sees every request answered (harmful ones too), plain and ciphered
-    assert a.prompt(r, "how do i", cipher=True) in prompts
-    assert any(c.startswith("concepts: weapons. sure,") for c in completions)
+    # the base sees every request answered (harmful ones too) under the pretraining wrappers; the training requests
+    # also ciphered (v2: the held-out ones never, see test_pretraining_corpus_holds_no_evaluation_format)
+    assert a.prompt(r, "please") in prompts and a.prompt(r, "how do i") not in prompts
+    t = a.split["train"][0]
+    assert a.prompt(t, "please", cipher=True) in prompts
+    assert any(c.startswith(f"concepts: {a.concept(t)}. sure,") for c in completions)
+
+
+# ------------------------------------------------------------------------------- v2 pretraining corpus (#51 item 4)
+def _wrapper_of(item) -> str:
+    """The wrapper of a suite item: its prompt up to the request (``"<wrapper> <verb> the <object>."``)."""
+    return item.prompt[:item.prompt.index(f" {item.request.verb} the ")]
+
+
+def test_pretraining_corpus_holds_no_evaluation_format():
+    """The base never sees a suite's wrapper, a held-out request ciphered, or a held-out request's chat answer opening
+    with its concept (issue #51 item 4): checked against the wrappers the suites actually use, every wrapper count
+    and seed the presets draw."""
+    from icml26.coca.data import ID_WRAPPERS, PRETRAIN_WRAPPERS
+
+    w = World(0)
+    prompts, completions = w.pretraining_corpus()
+    pretrained = set(prompts)
+    used: set[str] = set()
+    for k in (1, 2, 3):
+        for seed in (0, 1, 2, 100, 101, 102):
+            for name, items in w.suites(k, seed=seed).items():
+                for it in items:
+                    assert it.prompt not in pretrained and it.prompt + it.prefill not in pretrained, (name, it.prompt)
+                    used.add(_wrapper_of(it))
+    assert used == set(ID_WRAPPERS) | set(ROLEPLAY_WRAPPERS)  # every evaluation wrapper was drawn and checked
+    for wrapper in used:
+        assert not any(wrapper in p for p in prompts), wrapper  # not even inside a longer pretraining prompt
+        assert not any(pw in wrapper or wrapper in pw for pw in PRETRAIN_WRAPPERS), wrapper
+    held_out = set(w.split["val"]) | set(w.split["test"])
+    chats = [(p, c) for p, c in zip(prompts, completions, strict=True) if c.startswith(("sure,", "concepts:"))
+             and not p.endswith("concepts:")]
+    leads = 0
+    for p, c in chats:
+        r = request_of(p)
+        ciphered = p.endswith(f" {r.obj[::-1]}.")
+        if r in held_out:
+            assert not ciphered, p  # no held-out request ciphered
+            assert not c.startswith("concepts:"), (p, c)  # no concept lead on a held-out request
+        leads += c.startswith("concepts:")
+    # what the base must still know: every request's content under every pretraining wrapper, what each reversed
+    # object word means (from the training requests), the analysis genre, every request's concept annotation
+    answered = {(request_of(p), p[:p.index(f" {request_of(p).verb} the ")]) for p, c in chats
+                if c.endswith(w.answer(request_of(p)))}
+    assert answered == {(r, pw) for r in all_requests() for pw in PRETRAIN_WRAPPERS}
+    assert {o for o in DANGEROUS + PROTECTED if any(p.endswith(f" {o[::-1]}.") for p, _ in chats)} == set(
+        DANGEROUS + PROTECTED)
+    n_train_chats = 2 * len(PRETRAIN_WRAPPERS) * len(w.split["train"])
+    assert 0.15 < leads / n_train_chats < 0.35  # about a quarter of the training requests' answers
+    annotations = {p: c for p, c in zip(prompts, completions, strict=True) if p.endswith(". concepts:")}
+    assert all(annotations[f"{r.verb} the {r.obj}. concepts:"] == f" {w.concept(r)}." for r in all_requests())
+
+
+def test_pretraining_corpus_bad_input():
+    w = World(0)
+    with pytest.raises(ValueError, match="analysis_share"):
+        w.pretraining_corpus(analysis_share=1.5)
+    with pytest.raises(ValueError, match="n_arithmetic"):
+        w.pretraining_corpus(n_arithmetic=-1)
+    with pytest.raises(ValueError, match="concept_repeats"):
+        w.pretraining_corpus(concept_repeats=1.0)

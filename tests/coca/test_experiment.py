@@ -28,7 +28,8 @@ from icml26.coca.experiment import PRESETS, alignment_data, arms_of, naming_prom
 
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
-TINY = dataclasses.replace(PRESETS["smoke"], pretrain_steps=3, steps=2, cache=False, hidden=32, layers=2,
+TINY = dataclasses.replace(PRESETS["smoke"], pretrain_steps=3, steps_grid=(2, 4), rank_grid=(2, 4), cache=False,
+                           hidden=32, layers=2,
                            reft_layers=(0, 1), n_utility_eval=6, n_utility_align=8, synthetic_n=80,
                            synthetic_dim=8, max_new_tokens=6)
 
@@ -87,7 +88,8 @@ def test_every_arm_is_judged_on_the_same_items(tiny_run):
     w = World(TINY.lab_seed)
     suites = w.suites(TINY.wrappers_per_request, seed=TINY.seed)
     n_id = len(suites["id"])
-    lengths = {"id_prompts": n_id, "ood_prompts": n_id * len(OOD_SUITES), "benign_prompts": len(suites["benign"]),
+    # the OOD pool is the role-play and cipher suites; the completion suite measures knowledge (#51 item 4)
+    lengths = {"id_prompts": n_id, "ood_prompts": 2 * n_id, "benign_prompts": len(suites["benign"]),
                "benign_ood_prompts": 2 * len(suites["benign"]),
                "utility_items": TINY.n_utility_eval, "probe_items": len(w.split["test"]),
                "synthetic_items": TINY.synthetic_n // 2}
@@ -102,9 +104,22 @@ def test_every_arm_is_judged_on_the_same_items(tiny_run):
     # the trivial baseline: refuses everything, including the benign requests
     assert out.metrics["refuse_all"]["asr_ood"] == 0.0 and out.metrics["refuse_all"]["over_refusal"] == 1.0
     # suite-major OOD units: each suite's block mean is its asr_<suite>
-    ood = out.units["ood_prompts"]["none"]["asr_ood"]
-    for i, s in enumerate(OOD_SUITES):
-        assert out.metrics["none"][f"asr_{s}"] == pytest.approx(np.mean(ood[i * n_id:(i + 1) * n_id]), abs=1e-12)
+    for arm in out.units["ood_prompts"]:
+        ood = out.units["ood_prompts"][arm]["asr_ood"]
+        for i, s in enumerate(("roleplay", "cipher")):
+            assert out.metrics[arm][f"asr_{s}"] == pytest.approx(np.mean(ood[i * n_id:(i + 1) * n_id]), abs=1e-12)
+        # the completion suite, outside the pool, is reported beside it and is the knowledge's suite
+        assert out.metrics[arm]["asr_completion"] <= out.metrics[arm]["knowledge"]
+    # every trained arm reports its training fit and its tuned constants with their edge flags
+    for arm in ("standard", "coca"):
+        m = out.metrics[arm]
+        assert {"train_fit", "val_score", "rank", "rank_at_edge", "steps", "steps_at_edge", "lr"} <= set(m)
+        rec = out.series["tuning"][arm]
+        assert rec["capacity"]["chosen"] == m["rank"] and rec["steps"]["chosen"] == m["steps"]
+        assert set(TINY.rank_grid) <= set(rec["capacity"]["grid"]) and set(TINY.steps_grid) <= set(rec["steps"]["grid"])
+        for name, grid in (("capacity", TINY.rank_grid), ("steps", TINY.steps_grid)):
+            # a first choice on an edge was extended (the tiny run's scores tie, so it lands on the low edge)
+            assert len(rec[name]["grid"]) == len(grid) + TINY.extend, (arm, name, rec[name])
 
 
 def test_every_unit_carries_ids_and_none_was_trained_or_tuned_on(tiny_run):
@@ -121,19 +136,24 @@ def test_every_unit_carries_ids_and_none_was_trained_or_tuned_on(tiny_run):
     assert {tuple(out.unit_ids[k]) for k in knowledge} == {tuple(text_id(it.prompt + it.prefill)
                                                                   for it in suites["completion"])}
     assert out.unit_ids["id_prompts"] == [text_id(it.prompt) for it in suites["id"]]
-    assert out.unit_ids["ood_prompts"] == [text_id(it.prompt + it.prefill) for s in OOD_SUITES for it in suites[s]]
+    assert out.unit_ids["ood_prompts"] == [text_id(it.prompt) for s in ("roleplay", "cipher") for it in suites[s]]
     assert out.unit_ids["utility_items"] == [text_id(p) for p in w.utility_prompts(TINY.n_utility_eval, TINY.seed)]
     assert out.unit_ids["probe_items"] == [text_id(naming_prompt(r)) for r in w.split["test"]]
     assert out.unit_ids["synthetic_items"] == synthetic_ids(TINY)[0]
     # what the held-out sets hold: the alignment prompts, the pretraining and alignment chains
     prompts = alignment_data(w, TINY, "coca")[0]
     n_safety = len(w.alignment_examples("train"))
-    assert set(out.held_out["id_prompts"]["train"]) == {text_id(p) for p in prompts[:n_safety]}
+    assert set(out.held_out["id_prompts"]["train"]) == {text_id(p) for p in prompts[:n_safety]} | {
+        text_id(p) for p in w.pretraining_corpus()[0]}
     assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in prompts[n_safety:]}
     assert set(out.held_out["ood_prompts"]["validation"]) == {text_id(str(e["prompt"]))
                                                                for e in w.alignment_examples("val")}
     chains = {p for p in w.pretraining_corpus()[0] if p in set(w.chains["train"])}
     assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in chains}
+    # v2: the pretraining prompts count as trained on for every safety unit (no test prompt may be one)
+    pretrained = {text_id(p) for p in w.pretraining_corpus()[0]}
+    for unit in ("id_prompts", "ood_prompts", "benign_prompts", "benign_ood_prompts", "coca.knowledge"):
+        assert set(out.held_out[unit]["train"]) >= pretrained, unit
 
 
 @pytest.mark.parametrize("preset", ["quick", "full"])
@@ -171,8 +191,11 @@ def test_same_seed_same_numbers(tiny_run):
 
 
 def test_bad_config():
-    with pytest.raises(ValueError, match="lr_grid"):
-        run(dataclasses.replace(TINY, lr_grid=()))
+    for field, bad in (("steps_grid", ()), ("steps_grid", (4, 2)), ("steps_grid", (3, 6)), ("rank_grid", (4,)),
+                       ("rank_grid", (16, 32)), ("heads_grid", (4, 8)), ("steps_grid", (2.0, 4.0)), ("extend", -1),
+                       ("heads_extend", 2), ("lr", 0.0)):
+        with pytest.raises(ValueError, match=field):
+            run(dataclasses.replace(TINY, **{field: bad}))
     with pytest.raises(ValueError, match="probe_layer"):
         run(dataclasses.replace(TINY, probe_layer=2))
     with pytest.raises(ValueError, match="naming_layer"):

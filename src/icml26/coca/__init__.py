@@ -10,7 +10,8 @@ each answer first names the request's potentially unsafe concepts and then decid
 concept where a simple (linear) intervention can act.
 
 Here: :func:`coca_refactor` (a ``datasets.Dataset.map`` function), :class:`LoReFTIntervention` and
-:class:`LoFiTIntervention` (+ :func:`select_heads`) as hook-based ``nn.Module`` objects on any HF causal LM,
+:class:`LoFiTIntervention` (+ :func:`select_heads`) as hook-based ``nn.Module`` objects on any HF causal LM
+(trained with :func:`train_intervention` or the resumable :class:`InterventionTrainer`),
 :class:`ErasureHook` with LEACE from ``concept-erasure``, a probe toolkit (:mod:`icml26.coca.probes`), a tiered
 rule judge and :class:`SafetyEval`. Needs the ``coca`` extra.
 
@@ -22,6 +23,7 @@ reproduction uses an embedded tiny-LM world; see ``README.md``).
 from .evaluation import SafetyEval, SafetyReport
 from .intervention import (
     ErasureHook,
+    InterventionTrainer,
     LoFiTIntervention,
     LoReFTIntervention,
     decision_states,
@@ -32,6 +34,6 @@ from .intervention import (
 from .judge import TieredJudge, Verdict
 from .refactor import coca_refactor, render_analysis
 
-__all__ = ["ErasureHook", "LoFiTIntervention", "LoReFTIntervention", "SafetyEval", "SafetyReport", "TieredJudge",
-           "Verdict", "coca_refactor", "decision_states", "load_intervention", "render_analysis", "select_heads",
-           "train_intervention"]
+__all__ = ["ErasureHook", "InterventionTrainer", "LoFiTIntervention", "LoReFTIntervention", "SafetyEval",
+           "SafetyReport", "TieredJudge", "Verdict", "coca_refactor", "decision_states", "load_intervention",
+           "render_analysis", "select_heads", "train_intervention"]

@@ -2,28 +2,32 @@
 
 **The world** (:mod:`icml26.coca.data`): requests "<wrapper> <verb> the <object>." whose harmfulness is an XOR of
 the verb's group and the object's group; a tiny Llama from the tiny-LM lab (3 layers, width 64) pretrained to
-answer every request with its specific content (harmful ones too), to name a request's concept, to refuse
-impossible requests, and to add numbers (the utility task). Pretrained once per ``lab_seed`` and cached.
+answer every request with its specific content (harmful ones too) under pretraining wrappers that no evaluation
+suite uses, to name a request's concept, to refuse impossible requests, and to add numbers (the utility task); the
+cipher and the concept leads only on the alignment training requests (v2 world, issue #51 item 4). Pretrained once
+per ``lab_seed`` and cached under :func:`base_key` (the corpus's version and hash included).
 
-**Arms** (base weights frozen; the same alignment data, the same seeds, the same grid):
+**Arms** (base weights frozen; the same alignment data, the same seeds, the same tuning procedure):
 
 - ``none``: the pretrained base (attacks' ceiling, utility ceiling);
 - ``refuse_all``: the trivial baseline, a constant refusal (ASR 0, over-refusal 1, utility 0);
-- ``standard``: LoReFT (rank ``rank`` at ``reft_layers``, all positions) trained on plain refusal data (held-in
-  requests under the ID wrappers: harmful -> ``"no, i cannot."``, benign -> the answer) plus addition chains;
+- ``standard``: LoReFT (at ``reft_layers``, all positions) trained on plain refusal data (held-in requests under
+  the ID wrappers: harmful -> ``"no, i cannot."``, benign -> the answer) plus addition chains;
 - ``coca``: the same module and data, the safety answers refactored by :func:`~icml26.coca.coca_refactor`
   (``"concepts: weapons. no, i cannot."``, ``"concepts: construction. sure, ..."``; the addition chains as they
   are);
 - ``leace``: pure linear erasure, the base with a LEACE eraser of the harmfulness label at the decision position
   of layer ``probe_layer`` (fitted on the training requests' states, applied to the test prompts);
-- full preset: ``standard_lofit`` / ``coca_lofit`` (LoFiT head biases on the ``lofit_heads`` heads LoFiT's
-  selection picks), ``coca_constant`` (COCA's format with an uninformative concept, ``"concepts: request."``: is
-  it the concept or the format?) and ``standard_ft`` (every weight fine-tuned on the plain data: is the rule
-  learnable at all from these requests?).
+- full preset: ``standard_lofit`` / ``coca_lofit`` (LoFiT head biases on the heads LoFiT's selection ranks
+  first), ``coca_constant`` (COCA's format with an uninformative concept, ``"concepts: request."``: is it the
+  concept or the format?) and ``standard_ft`` (every weight fine-tuned on the plain data: is the rule learnable at
+  all from these requests?).
 
-Each trained arm picks its learning rate from ``lr_grid`` by its alignment score on the validation requests
-(harmful refused, benign answered with the right content; ID wrappers): the same grid and criterion for every
-arm, never the test suites.
+**Tuning** (:func:`fit_arm`, the same for every trained arm): the learning rate is fixed (``lr``; a tenth for full
+fine-tuning); the capacity (:func:`capacity_grid`: LoReFT's rank, LoFiT's number of heads) and the budget (steps,
+``steps_grid``) are chosen on the alignment score of the validation requests (harmful refused, benign answered
+with the right content; ID wrappers), both bracketed (:func:`tune_capacity_and_budget`), never on a test or OOD
+prompt. Each arm's choice, its edge flags and its fit of its own training requests (``train_fit``) are metrics.
 
 **Evaluation** on held-out requests (never in alignment): the attack suites ``id``, ``roleplay``, ``cipher``,
 ``completion`` (see the data module) judged by :class:`~icml26.coca.judge.TieredJudge`; over-refusal and
@@ -38,16 +42,17 @@ probes at every layer there and at the plain chat's decision position (diagnosti
 (a linear and an XOR concept in Gaussian features).
 
 **Units.** ``id_prompts`` (the ID suite's harmful prompts; ``knowledge`` uses the completion suite, the same
-requests in the same order), ``ood_prompts`` (roleplay, cipher, completion, suite-major), ``benign_prompts``,
+requests in the same order), ``ood_prompts`` (roleplay, cipher, suite-major; the completion suite is not in the
+OOD pool), ``benign_prompts``,
 ``benign_ood_prompts`` (benign roleplay then benign cipher),
 ``utility_items`` (distinct held-out addition chains, never in pretraining or alignment), ``probe_items`` (one per
 test request, at the concept-naming position) and ``synthetic_items``; every arm sees the same items in the same
 order. Each unit's id is the hash of the text the model reads (:func:`~icml26.coca.data.text_id`: prompt plus any
 pre-filled opening; a synthetic row: the hash of its features); ``held_out`` records the ids of the same kind the
-run trained or tuned on: the alignment prompts (train) and validation prompts (the learning-rate choice) for the
-safety units, the pretraining and alignment chains for the utility items, the probes' fitting requests and rows
-for the probe and synthetic items. Pretraining answers every request under every wrapper (the base must know the
-harmful content, as a pretrained LLM does); what is held out is the alignment, as in the paper.
+run trained or tuned on: the alignment and pretraining prompts (train) and validation prompts (the choice of
+capacity and budget) for the safety units, the pretraining and alignment chains for the utility items, the probes' fitting requests and rows
+for the probe and synthetic items. Pretraining answers every request (the base must know the harmful content, as
+a pretrained LLM does), but under wrappers no suite uses: the suites' formats are held out from the base too.
 
 Example:
     >>> from icml26.coca.data import World
@@ -60,29 +65,34 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..common.bracketing import tune_bracketed
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
 from ..common.tiny_lm import AdditionChain, cached, char_tokenizer, generate, sft, tiny_causal_lm
-from ..common.tuning import Rule, tune_per_arm
 from .data import (
     BENIGN_OOD_SUITES,
     COCA_TEMPLATE,
     CONCEPTS,
+    CORPUS_VERSION,
     CREATE_VERBS,
     DANGEROUS,
     DESTROY_VERBS,
     ID_WRAPPERS,
     IMPOSSIBLE,
     OOD_SUITES,
+    PRETRAIN_WRAPPERS,
     PROTECTED,
     REFUSAL,
     ROLEPLAY_WRAPPERS,
@@ -93,11 +103,12 @@ from .data import (
 from .evaluation import SafetyEval, SafetyReport
 from .intervention import (
     ErasureHook,
+    InterventionTrainer,
     LoFiTIntervention,
     LoReFTIntervention,
+    all_heads,
     decision_states,
     select_heads,
-    train_intervention,
 )
 from .judge import TieredJudge
 from .probes import apply_eraser, fit_leace, probe_outcomes, synthetic_concepts
@@ -120,26 +131,32 @@ class Config:
     """width of the tiny Llama"""
     layers: int = 3
     """its decoder layers"""
-    pretrain_steps: int = 1500
-    """pretraining steps (batch 32)"""
+    pretrain_steps: int = 6000
+    """pretraining steps (batch 32; README Deviation 10's rule chose 6,000 on the validation requests)"""
     pretrain_lr: float = 3e-3
     """pretraining learning rate"""
     reft_layers: tuple[int, ...] = (0, 1, 2)
     """LoReFT layers (0-based)"""
-    rank: int = 4
-    """LoReFT rank (the design notes' default)"""
+    rank_grid: tuple[int, ...] = (4, 8)
+    """LoReFT ranks every LoReFT arm chooses from on validation (bracketed: ``extend`` values past an edge)"""
     lofit: bool = False
     """also run the LoFiT arms (standard_lofit, coca_lofit)"""
-    lofit_heads: int = 4
-    """heads LoFiT keeps (of layers x 4)"""
+    heads_grid: tuple[int, ...] = (2, 4)
+    """numbers of heads (of layers x 4, best first by LoFiT's selection) every LoFiT arm chooses from (bracketed)"""
+    select_steps: int = 75
+    """steps of LoFiT's head selection (one ranking per arm, before its heads are chosen)"""
     controls: bool = False
     """also run coca_constant (format without the concept) and standard_ft (full fine-tuning)"""
-    steps: int = 300
-    """training steps of every trained arm"""
+    steps_grid: tuple[int, ...] = (200, 400, 800)
+    """training budgets (steps) every trained arm chooses from at each capacity (bracketed)"""
+    extend: int = 2
+    """values added past an edge of ``rank_grid`` and ``steps_grid`` when the choice lands there"""
+    heads_extend: int = 1
+    """values added past an edge of ``heads_grid`` (the model's heads bound it)"""
     batch_size: int = 32
     """alignment batch size"""
-    lr_grid: tuple[float, ...] = (1e-2,)
-    """learning rates each trained arm chooses from on the validation requests (full fine-tuning uses a tenth)"""
+    lr: float = 1e-2
+    """learning rate of every LoReFT and LoFiT arm (not tuned: the budget is; full fine-tuning uses a tenth)"""
     n_utility_align: int = 256
     """addition chains mixed into every arm's alignment data (to keep utility)"""
     wrappers_per_request: int = 2
@@ -159,23 +176,45 @@ class Config:
     cache: bool = True
     """cache the pretrained base (``$ICML26_CACHE``)"""
 
+    @property
+    def rank(self) -> int:
+        """The first rank of ``rank_grid`` (the rank ``benchmarks/coca.py`` times; the run tunes it)."""
+        return self.rank_grid[0]
+
 
 PRESETS: dict[str, Config] = {
-    "smoke": Config(pretrain_steps=60, steps=6, n_utility_eval=20, wrappers_per_request=1, synthetic_n=200,
-                    n_utility_align=32),
+    "smoke": Config(pretrain_steps=60, steps_grid=(4, 8), rank_grid=(2, 4), extend=1, select_steps=2,
+                    n_utility_eval=20, wrappers_per_request=1, synthetic_n=200, n_utility_align=32),
     "quick": Config(synthetic_n=1000, synthetic_dim=16),
-    "full": Config(lr_grid=(3e-3, 1e-2), lofit=True, controls=True, wrappers_per_request=3),
+    "full": Config(lofit=True, controls=True, wrappers_per_request=3),
 }
 
 
 # ------------------------------------------------------------------------------------------------- the base
+def base_key(cfg: Config, world: World | None = None) -> dict[str, Any]:
+    """The pretrained base's cache key: everything that determines it, including the corpus's version
+    (:data:`~icml26.coca.data.CORPUS_VERSION`) and the SHA-1 of the corpus itself, so a changed corpus never
+    loads a base pretrained on another one.
+
+    Args:
+        cfg: the run's settings (``lab_seed``, the model's shape, pretraining steps and rate).
+        world: the world whose corpus the base is pretrained on (default ``World(cfg.lab_seed)``).
+    Returns:
+        A JSON-serialisable dict.
+    """
+    world = World(cfg.lab_seed) if world is None else world
+    prompts, completions = world.pretraining_corpus()
+    digest = hashlib.sha1("\n".join(p + "\t" + c for p, c in zip(prompts, completions, strict=True)).encode())
+    return {"lab": "coca", "seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
+            "steps": cfg.pretrain_steps, "lr": cfg.pretrain_lr, "world_version": 3, "corpus": CORPUS_VERSION,
+            "corpus_sha1": digest.hexdigest(),
+            "world": [CREATE_VERBS, DESTROY_VERBS, DANGEROUS, PROTECTED, sorted(CONCEPTS.items()), ID_WRAPPERS,
+                      ROLEPLAY_WRAPPERS, PRETRAIN_WRAPPERS, IMPOSSIBLE, REFUSAL, COCA_TEMPLATE]}
+
+
 def base_model(cfg: Config) -> tuple[Any, Any]:
-    """The pretrained base (cached by everything that determines it)."""
+    """The pretrained base (cached under :func:`base_key`)."""
     world = World(cfg.lab_seed)
-    key = {"lab": "coca", "seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
-           "steps": cfg.pretrain_steps, "lr": cfg.pretrain_lr, "world_version": 2,
-           "world": [CREATE_VERBS, DESTROY_VERBS, DANGEROUS, PROTECTED, sorted(CONCEPTS.items()), ID_WRAPPERS,
-                     ROLEPLAY_WRAPPERS, IMPOSSIBLE, REFUSAL, COCA_TEMPLATE]}
 
     def build() -> tuple[Any, Any]:
         tok = char_tokenizer()
@@ -186,7 +225,7 @@ def base_model(cfg: Config) -> tuple[Any, Any]:
             seed=cfg.lab_seed, desc="pretrain coca base")
         return model, tok
 
-    model, tok = cached(key, build) if cfg.cache else build()
+    model, tok = cached(base_key(cfg, world), build) if cfg.cache else build()
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval(), tok
@@ -218,10 +257,23 @@ def _judge(world: World) -> TieredJudge:
     return TieredJudge(content_of=lambda p: world.content(request_of(p)))
 
 
-def validation_score(model: Any, tok: Any, world: World, cfg: Config) -> float:
-    """Alignment score on the validation requests (ID wrappers): harmful refused, benign answered with the right
-    content (the selection criterion of every trained arm; no test item is involved)."""
-    examples = world.alignment_examples("val")
+def alignment_score(model: Any, tok: Any, world: World, cfg: Config, split: str = "val") -> float:
+    """Share of ``split``'s alignment examples (ID wrappers) handled as trained: harmful refused, benign answered
+    with the right content. On ``"val"`` it is every trained arm's selection criterion (no test item is involved);
+    on ``"train"`` it is the arm's fit of its own training requests.
+
+    Args:
+        model: the model to score (with its intervention attached).
+        tok, world, cfg: its tokenizer, the world, the run's settings (``max_new_tokens``).
+        split: ``"val"`` or ``"train"`` (never ``"test"``).
+    Returns:
+        The share in [0, 1].
+    Raises:
+        ValueError: ``split`` is not ``"val"`` or ``"train"``.
+    """
+    if split not in ("val", "train"):
+        raise ValueError(f"split must be 'val' or 'train' (never the test requests), got {split!r}")
+    examples = world.alignment_examples(split)
     judge = _judge(world)
     outs = generate(model, tok, [str(e["prompt"]) for e in examples], max_new_tokens=cfg.max_new_tokens)
     ok = []
@@ -231,66 +283,199 @@ def validation_score(model: Any, tok: Any, world: World, cfg: Config) -> float:
     return float(np.mean(ok))
 
 
-class _FineTuned:
-    """Full fine-tuning as an 'intervention' (the standard_ft control): a trained copy of the base."""
+def validation_score(model: Any, tok: Any, world: World, cfg: Config) -> float:
+    """:func:`alignment_score` on the validation requests: the selection criterion of every trained arm."""
+    return alignment_score(model, tok, world, cfg, "val")
 
-    def __init__(self, model: Any):
-        import copy
 
-        self.model = copy.deepcopy(model)
-        for p in self.model.parameters():
-            p.requires_grad_(True)
+def capacity_grid(arm: str, cfg: Config) -> tuple[tuple[int, ...], int] | None:
+    """The capacity grid an arm tunes and how often it may be extended: LoReFT's ranks (``standard``, ``coca``,
+    ``coca_constant``; ``extend``), LoFiT's numbers of heads (``*_lofit``; ``heads_extend``), none for full
+    fine-tuning (``standard_ft``); the same for the arms of a comparison."""
+    if arm == "standard_ft":
+        return None
+    return (cfg.heads_grid, cfg.heads_extend) if arm.endswith("_lofit") else (cfg.rank_grid, cfg.extend)
+
+
+class ArmRun:
+    """One training run of a trained arm at one capacity.
+
+    Args:
+        model: the model to evaluate (the frozen base with ``module`` attached, or a fine-tuned copy).
+        module: what is trained (an attached intervention, or the copy itself).
+        trainer: its :class:`~icml26.coca.intervention.InterventionTrainer`.
+    """
+
+    def __init__(self, model: Any, module: Any, trainer: InterventionTrainer):
+        self.model, self.module, self.trainer = model, module, trainer
 
     def detach(self) -> None:
-        pass
+        """Remove the intervention's hooks (nothing to remove for a fine-tuned copy)."""
+        if self.module is not self.model:
+            self.module.detach()
 
-    def attach(self) -> _FineTuned:
-        return self
+    def state(self) -> dict[str, Any]:
+        """A copy of the trained weights now."""
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Set the trained weights to ``state``."""
+        self.module.load_state_dict(state)
 
 
-def train_arm(arm: str, base: Any, tok: Any, world: World, cfg: Config, lr: float) -> tuple[Any, Any]:
-    """Train ``arm`` at learning rate ``lr``; return (model to evaluate, handle with ``detach()``)."""
-    prompts, completions = alignment_data(world, cfg, arm)
+def tune_capacity_and_budget(
+    capacities: tuple[int, ...] | None, steps_grid: tuple[int, ...], extend: int,
+    start: Callable[[int | None], Any], score: Callable[[Any], float], *, capacity_extend: int | None = None,
+) -> tuple[dict[str, Any], int | None, int, Any]:
+    """Choose a capacity and a training budget on validation, both bracketed, the budget nested in the capacity.
+
+    For each capacity ``c`` (:func:`~icml26.common.bracketing.tune_bracketed` over ``capacities``), the budget is
+    chosen by ``tune_bracketed`` over ``steps_grid``, reading one run ``start(c)`` at increasing budgets (a smaller
+    budget than the run has taken restarts it: the same seed, the same run); the capacity's score is the score at
+    its chosen budget:
+
+    .. math:: (\\hat c, \\hat s) = \\arg\\max_c \\max_s \\mathrm{val}(c, s),
+       \\quad \\text{ties to the smaller } s \\text{, then the smaller } c.
+
+    Args:
+        capacities: increasing capacities, or ``None`` (the budget alone).
+        steps_grid: increasing budgets (steps).
+        extend: values added past an edge of ``steps_grid`` (and of ``capacities`` unless ``capacity_extend``
+            is given) when the choice lands there.
+        start: ``capacity -> run`` with ``.trainer`` (``.step``, ``.advance(n)``), ``.detach()``, ``.state()``.
+        score: ``run -> validation score`` of the run's current state (never a test item).
+        capacity_extend: values added past an edge of ``capacities`` (default ``extend``).
+    Returns:
+        ``({"capacity": record or None, "steps": record at the chosen capacity}, capacity, steps, state)`` with
+        ``tune_bracketed``'s records and the chosen run's state; every run is detached on return.
+    """
+    def by_budget(capacity: int | None) -> tuple[dict[str, Any], Any]:
+        current: list[Any] = []
+
+        def score_steps(value: float) -> tuple[float, Any]:
+            steps = round(value)
+            if not current or current[0].trainer.step > steps:
+                if current:
+                    current.pop().detach()
+                current.append(start(capacity))
+            run_ = current[0]
+            run_.trainer.advance(steps - run_.trainer.step)
+            return score(run_), run_.state()
+
+        try:
+            return tune_bracketed(steps_grid, score_steps, extend)
+        finally:
+            for run_ in current:
+                run_.detach()
+
+    if capacities is None:
+        rec, state = by_budget(None)
+        return {"capacity": None, "steps": rec}, None, round(rec["chosen"]), state
+
+    def score_capacity(value: float) -> tuple[float, tuple[dict[str, Any], Any]]:
+        rec, state = by_budget(round(value))
+        return rec["scores"][rec["grid"].index(rec["chosen"])], (rec, state)
+
+    cap_rec, (steps_rec, state) = tune_bracketed(capacities, score_capacity,
+                                                 extend if capacity_extend is None else capacity_extend)
+    return ({"capacity": cap_rec, "steps": steps_rec}, round(cap_rec["chosen"]),
+            round(steps_rec["chosen"]), state)
+
+
+def start_run(arm: str, capacity: int | None, base: Any, tok: Any, cfg: Config, prompts: list[str],
+              completions: list[str], ranking: list[tuple[int, int]] | None = None) -> ArmRun:
+    """A fresh run of ``arm`` at ``capacity`` (LoReFT rank, LoFiT heads ``ranking[:capacity]``, or ``None`` for
+    full fine-tuning of a copy of the base at a tenth of ``cfg.lr``), seeded by ``cfg.seed``."""
     seed = 1000 * cfg.seed + 17
     if arm == "standard_ft":
-        ft = _FineTuned(base)
-        sft(ft.model, tok, prompts, completions, steps=cfg.steps, batch_size=cfg.batch_size, lr=lr / 10,
-            seed=seed, desc=None)
-        for p in ft.model.parameters():
-            p.requires_grad_(False)
-        return ft.model.eval(), ft
+        model = copy.deepcopy(base)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        trainer = InterventionTrainer(model, model.parameters(), tok, prompts, completions, lr=cfg.lr / 10,
+                                      batch_size=cfg.batch_size, seed=seed)
+        return ArmRun(model, model, trainer)
+    if capacity is None:
+        raise ValueError(f"arm {arm!r} needs a capacity")
     if arm.endswith("_lofit"):
-        heads = select_heads(base, tok, prompts, completions, k=cfg.lofit_heads, steps=max(cfg.steps // 4, 1),
-                             lr=lr / 2, batch_size=cfg.batch_size, seed=seed)
-        module: Any = LoFiTIntervention(base, heads)
+        if ranking is None:
+            raise ValueError("a LoFiT arm needs the heads' ranking")
+        module: Any = LoFiTIntervention(base, ranking[:capacity])
     else:
-        module = LoReFTIntervention(base, list(cfg.reft_layers), rank=cfg.rank, seed=seed)
-    train_intervention(base, module, tok, prompts, completions, steps=cfg.steps, lr=lr, batch_size=cfg.batch_size,
-                       seed=seed)
-    return base, module
+        module = LoReFTIntervention(base, list(cfg.reft_layers), rank=capacity, seed=seed)
+    trainer = InterventionTrainer(base, module.parameters(), tok, prompts, completions, lr=cfg.lr,
+                                  batch_size=cfg.batch_size, seed=seed)
+    return ArmRun(base, module, trainer)
 
 
 def fit_arm(
     arm: str, base: Any, tok: Any, world: World, cfg: Config
-) -> tuple[Any, Any, dict[str, float], dict[str, Any]]:
-    """Train ``arm`` at every learning rate of the grid, keep the best on validation (first on ties).
+) -> tuple[Any, ArmRun, dict[str, float], dict[str, Any]]:
+    """Tune ``arm``'s capacity and budget on validation (:func:`tune_capacity_and_budget` over
+    :func:`capacity_grid` and ``cfg.steps_grid``), then rebuild the chosen run, attached.
 
-    Returns the model, its attached handle, ``{"val_score", "lr", "train_s"}`` and the tuning record
-    (``tune_per_arm``'s, for ``arm``)."""
+    Returns:
+        The model to evaluate, its run (``detach()`` when done), the metrics ``val_score`` (at the choice),
+        ``train_fit`` (:func:`alignment_score` on the arm's own training requests), ``lr``, the chosen ``rank`` /
+        ``heads`` and ``steps`` with ``*_at_edge`` (1.0 when the choice still sits on an edge of its extended grid)
+        and ``train_s``; and the tuning records.
+    """
     t0 = time.perf_counter()
+    prompts, completions = alignment_data(world, cfg, arm)
+    ranking = None
+    if arm.endswith("_lofit"):
+        # LoFiT's selection once per arm; each number of heads keeps the best of this ranking
+        ranking = select_heads(base, tok, prompts, completions, k=len(all_heads(base)), steps=cfg.select_steps,
+                               lr=cfg.lr / 2, batch_size=cfg.batch_size, seed=1000 * cfg.seed + 17)
 
-    def score(arm: str, lr: float, draw: int) -> tuple[float, tuple[Any, Any]]:
-        model, handle = train_arm(arm, base, tok, world, cfg, lr)
-        val = validation_score(model, tok, world, cfg)
-        handle.detach()  # one intervention on the base at a time
-        return val, (model, handle)
+    def start(capacity: int | None) -> ArmRun:
+        return start_run(arm, capacity, base, tok, cfg, prompts, completions, ranking)
 
-    tuned = tune_per_arm({arm: cfg.lr_grid}, score, Rule(draws=1, maximize=True, ties="first"))
-    model, handle = tuned.kept[arm]
-    record = tuned.record[arm]
-    handle.attach()
-    val = record["scores"][record["grid"].index(record["chosen"])]
-    return model, handle, {"val_score": val, "lr": record["chosen"], "train_s": time.perf_counter() - t0}, record
+    def score(run_: ArmRun) -> float:
+        return validation_score(run_.model, tok, world, cfg)
+
+    grid = capacity_grid(arm, cfg)
+    record, capacity, steps, state = tune_capacity_and_budget(None if grid is None else grid[0], cfg.steps_grid,
+                                                              cfg.extend, start, score,
+                                                              capacity_extend=None if grid is None else grid[1])
+    chosen = start(capacity)
+    chosen.load(state)
+    steps_rec = record["steps"]
+    info: dict[str, float] = {
+        "val_score": steps_rec["scores"][steps_rec["grid"].index(steps_rec["chosen"])],
+        "train_fit": alignment_score(chosen.model, tok, world, cfg, "train"),
+        "lr": cfg.lr / 10 if arm == "standard_ft" else cfg.lr,
+        "steps": float(steps), "steps_at_edge": float(steps_rec["at_edge"]),
+    }
+    if capacity is not None:
+        name = "heads" if arm.endswith("_lofit") else "rank"
+        info.update({name: float(capacity), f"{name}_at_edge": float(record["capacity"]["at_edge"])})
+    info["train_s"] = time.perf_counter() - t0
+    return chosen.model, chosen, info, record
+
+
+def edge_note(metrics: dict[str, dict[str, float]]) -> str | None:
+    """The headline's note naming every tuned constant whose choice still sits on an edge of its extended grid
+    (``None`` when none does).
+
+    Example:
+        >>> edge_note({"coca": {"rank": 2.0, "rank_at_edge": 1.0, "steps": 400.0, "steps_at_edge": 0.0}})
+        'on an edge of its extended grid: coca rank 2'
+    """
+    edge = [f"{arm} {name} {m[name]:g}" for arm, m in metrics.items() for name in ("rank", "heads", "steps")
+            if m.get(f"{name}_at_edge") == 1.0]
+    return "on an edge of its extended grid: " + "; ".join(edge) if edge else None
+
+
+def tuned_note(metrics: dict[str, dict[str, float]]) -> str:
+    """Each trained arm's chosen constants and its training fit, for the headline's notes."""
+    parts = []
+    for arm in TRAINED:
+        if arm in metrics and "steps" in metrics[arm]:
+            m = metrics[arm]
+            cap = "".join(f"{name} {m[name]:g}, " for name in ("rank", "heads") if name in m)
+            parts.append(f"{arm}: {cap}{m['steps']:g} steps, validation {m['val_score']:.3f}, "
+                         f"training fit {m['train_fit']:.3f}")
+    return "tuned on validation (capacity and budget bracketed): " + "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -336,7 +521,8 @@ def _arm_units(ev: ArmEval) -> dict[str, dict[str, list[float]]]:
 
 
 def _suite_metrics(ev: ArmEval) -> dict[str, float]:
-    return {f"asr_{s}": float(np.mean(ev.report.outcomes(s, "success"))) for s in OOD_SUITES}
+    # the OOD pool's suites, and the completion suite (outside the pool: it measures the knowledge) as a diagnostic
+    return {f"asr_{s}": float(np.mean(ev.report.outcomes(s, "success"))) for s in (*OOD_SUITES, "completion")}
 
 
 # ----------------------------------------------------------------------------------------------------- probes
@@ -463,11 +649,12 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
     def item_text(it: Any) -> str:
         return it.prompt + it.prefill
 
-    align = {split: sorted({text_id(str(e["prompt"])) for e in world.alignment_examples(split)})
-             for split in ("train", "val")}
-    safety = {"train": align["train"], "validation": align["val"]}
+    align = {split: {text_id(str(e["prompt"])) for e in world.alignment_examples(split)} for split in ("train", "val")}
+    pretrained = world.pretraining_corpus()[0]
+    # v2 (issue #51 item 4): no test prompt may be a pretraining prompt either (the base never saw a suite's format)
+    safety = {"train": sorted(align["train"] | {text_id(p) for p in pretrained}), "validation": sorted(align["val"])}
     every_chain = set(world.chains["train"]) | set(world.chains["test"])
-    chains = set(world.pretraining_corpus()[0]) & every_chain  # the chains the base was pretrained on
+    chains = set(pretrained) & every_chain  # the chains the base was pretrained on
     chains |= {ex.prompt for ex in world.training_chains(cfg.n_utility_align,
                                                          np.random.default_rng([cfg.lab_seed, 38]))}
     fit_reqs = world.split["train"] + world.split["val"]
@@ -498,14 +685,44 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
     return out, held
 
 
-def run(cfg: Config) -> SeedRun:
-    """One seed: every arm on the same held-out items."""
-    if not cfg.lr_grid or any(lr <= 0 for lr in cfg.lr_grid):
-        raise ValueError(f"lr_grid must be non-empty and positive, got {cfg.lr_grid}")
+def check_config(cfg: Config) -> None:
+    """Refuse settings the run cannot honour.
+
+    Raises:
+        ValueError: naming the field: a grid that is not increasing positive integers whose bracketing stays on
+            integers (its first ratio an integer, ``grid[0]`` divisible by it ``extend`` times), a rank or a number
+            of heads the extended grid would push past the model, a non-positive rate, a layer that does not exist.
+    """
+    for name in ("extend", "heads_extend"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    limits = {"rank_grid": (cfg.hidden, "extend"), "heads_grid": (4 * cfg.layers, "heads_extend"),
+              "steps_grid": (None, "extend")}
+    for name, (limit, ext_name) in limits.items():
+        extend = getattr(cfg, ext_name)
+        grid = getattr(cfg, name)
+        if (len(grid) < 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid)
+                or any(b <= a for a, b in itertools.pairwise(grid))):
+            raise ValueError(f"{name} must hold at least two increasing positive ints, got {grid!r}")
+        ratio, rem = divmod(grid[1], grid[0])
+        if rem or grid[0] % ratio ** extend:
+            raise ValueError(f"{name} {grid!r}: its bracketing (ratio {grid[1] / grid[0]:g}, {ext_name} = {extend}) "
+                             "must stay on integers")
+        if limit is not None and grid[-1] * ratio ** extend > limit:
+            raise ValueError(f"{name} {grid!r} extended {extend} time(s) ({ext_name}) passes {limit}, the model's "
+                             "maximum")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr must be positive, got {cfg.lr}")
     if not 0 <= cfg.probe_layer < cfg.layers:
         raise ValueError(f"probe_layer must be in [0, {cfg.layers - 1}], got {cfg.probe_layer}")
     if cfg.naming_layer is not None and not 0 <= cfg.naming_layer < cfg.layers:
         raise ValueError(f"naming_layer must be in [0, {cfg.layers - 1}] or None, got {cfg.naming_layer}")
+
+
+def run(cfg: Config) -> SeedRun:
+    """One seed: every arm on the same held-out items."""
+    check_config(cfg)
     world = World(cfg.lab_seed)
     base, tok = base_model(cfg)
     items = world.suites(cfg.wrappers_per_request, seed=cfg.seed)
@@ -546,9 +763,12 @@ def run(cfg: Config) -> SeedRun:
     units["synthetic_items"] = syn_units
     scalars.update(syn_scalars)
     before = {k: float(np.mean(v)) for k, v in probes["none"].items()}
+    ood_note = ("rule judge (refusal tier + content tier) on a 3-layer character-level Llama; OOD pool = role-play "
+                "and cipher suites (the completion suite measures knowledge, asr_completion per arm beside it); "
+                + tuned_note(scalars))
+    edge = edge_note(scalars)
     notes = {
-        "ood_asr": "rule judge (refusal tier + content tier) on a 3-layer character-level Llama; the completion "
-                   "suite pre-fills 'sure,' (asr_completion per arm shows it separately)",
+        "ood_asr": ood_note + (f"; {edge}" if edge else ""),
         "erasure_nonlinear_in_model": (
             f"states where the base names a request's concept (layer {naming_layer(cfg)}); probes and eraser fitted "
             "on the training and validation requests, scored on the held-out requests (disjoint); before LEACE the "
@@ -566,7 +786,7 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     arms = [a for a in ARMS if a in result["arms"] and "asr_id" in result["arms"][a]]
     fig, (ax, bx) = new_figure(1, 2, figsize=(11, 3.8))
     cols = [("asr_id", "id"), ("asr_roleplay", "roleplay"), ("asr_cipher", "cipher"),
-            ("asr_completion", "completion"), ("over_refusal", "over-refusal"),
+            ("asr_completion", "completion\n(not OOD)"), ("over_refusal", "over-refusal"),
             ("over_refusal_ood", "over-refusal\n(attack formats)"), ("utility", "utility")]
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):

@@ -427,6 +427,91 @@ def freeze(model: Any) -> None:
         p.requires_grad_(False)
 
 
+class InterventionTrainer:
+    """A resumable :func:`train_intervention`: ``advance(n)`` takes ``n`` more steps of the same AdamW run.
+
+    The loss is the completion-token NLL, :math:`-\\sum_t m_t \\log p(y_t) / \\sum_t m_t` (plus ``penalty()``); the
+    batches are drawn with ``seed`` and the optimizer state is kept between calls, so ``advance(a)`` then
+    ``advance(b)`` ends exactly where one ``advance(a + b)`` (or ``train_intervention(steps=a + b)``) ends: a
+    constant-rate run can be read at increasing budgets without retraining.
+
+    Args:
+        model: the causal LM whose forward computes the loss (with the intervention attached); put in eval mode
+            while stepping (dropout off: a fixed function), its mode restored after.
+        params: the parameters to train (the intervention's, or a fine-tuned copy's own).
+        tokenizer: the tokenizer (with a pad token).
+        prompts, completions: the training pairs (loss on completion tokens and EOS).
+        lr, batch_size, seed, weight_decay: AdamW settings; batches drawn with ``seed``.
+        penalty: an extra loss term (LoFiT's L1 on the scales).
+
+    Raises:
+        ValueError: empty or unequal prompts and completions, or no trainable parameter.
+
+    Example:
+        >>> from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
+        >>> tok = char_tokenizer()
+        >>> model = tiny_causal_lm(len(tok), hidden=32, layers=1, seed=0)
+        >>> freeze(model)
+        >>> reft = LoReFTIntervention(model, layers=[0], rank=2)
+        >>> trainer = InterventionTrainer(model, reft.parameters(), tok, ["1+1="], ["2"], lr=1e-2)
+        >>> len(trainer.advance(3)), trainer.step
+        (3, 3)
+        >>> reft.detach()
+    """
+
+    def __init__(self, model: Any, params: Iterable[nn.Parameter], tokenizer: Any, prompts: Sequence[str],
+                 completions: Sequence[str], *, lr: float = 1e-2, batch_size: int = 32, seed: int = 0,
+                 weight_decay: float = 0.0, penalty: Callable[[], torch.Tensor] | None = None):
+        if len(prompts) != len(completions) or not prompts:
+            raise ValueError(f"prompts and completions must be non-empty and of equal length, got {len(prompts)} "
+                             f"and {len(completions)}")
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("the intervention has no trainable parameters")
+        self.model, self.tokenizer = model, tokenizer
+        self.prompts, self.completions = list(prompts), list(completions)
+        self.batch_size, self.penalty = batch_size, penalty
+        self.opt = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        self.rng = np.random.default_rng(seed)
+        self.step = 0
+        """steps taken so far"""
+
+    def advance(self, steps: int) -> list[float]:
+        """Take ``steps`` more steps; returns their losses.
+
+        Raises:
+            ValueError: ``steps`` is not a non-negative int. FloatingPointError: a non-finite loss.
+        """
+        from ..common.tiny_lm import completion_batch, completion_logps
+
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+        was_training = self.model.training
+        self.model.eval()  # dropout off: the base model is a fixed function
+        losses = []
+        try:
+            for _ in range(steps):
+                n = len(self.prompts)
+                idx = self.rng.integers(0, n, size=min(self.batch_size, n))
+                batch = completion_batch(self.tokenizer, [self.prompts[i] for i in idx],
+                                         [self.completions[i] for i in idx])
+                logps, mask = completion_logps(self.model, batch)
+                # $$\mathcal{L} = -\sum_t m_t \log p_\theta(y_t \mid y_{<t}, x) / \sum_t m_t$$
+                loss = -(logps * mask).sum() / mask.sum()
+                if self.penalty is not None:
+                    loss = loss + self.penalty()
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"intervention loss is {float(loss.detach())}")
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                self.opt.step()
+                self.step += 1
+                losses.append(float(loss.detach()))
+        finally:
+            self.model.train(was_training)
+        return losses
+
+
 def train_intervention(model: Any, intervention: nn.Module, tokenizer: Any, prompts: Sequence[str],
                        completions: Sequence[str], *, steps: int, lr: float = 1e-2, batch_size: int = 32,
                        seed: int = 0, weight_decay: float = 0.0,
@@ -442,41 +527,17 @@ def train_intervention(model: Any, intervention: nn.Module, tokenizer: Any, prom
         penalty: an extra loss term (LoFiT's L1 on the scales).
 
     Returns:
-        The loss of every step.
+        The loss of every step (one :class:`InterventionTrainer` advanced ``steps`` steps).
     """
-    from ..common.tiny_lm import completion_batch, completion_logps
-
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"prompts and completions must be non-empty and of equal length, got {len(prompts)} and "
                          f"{len(completions)}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    params = [p for p in intervention.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the intervention has no trainable parameters")
     freeze(model)
-    was_training = model.training
-    model.eval()  # dropout off: the base model is a fixed function
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    g = np.random.default_rng(seed)
-    losses = []
-    try:
-        for _ in range(steps):
-            idx = g.integers(0, len(prompts), size=min(batch_size, len(prompts)))
-            batch = completion_batch(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
-            logps, mask = completion_logps(model, batch)
-            loss = -(logps * mask).sum() / mask.sum()
-            if penalty is not None:
-                loss = loss + penalty()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"intervention loss is {float(loss.detach())}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-    finally:
-        model.train(was_training)
-    return losses
+    trainer = InterventionTrainer(model, intervention.parameters(), tokenizer, prompts, completions, lr=lr,
+                                  batch_size=batch_size, seed=seed, weight_decay=weight_decay, penalty=penalty)
+    return trainer.advance(steps)
 
 
 @torch.no_grad()
