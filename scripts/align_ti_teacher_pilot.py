@@ -58,7 +58,7 @@ EXTEND = 1
 
 
 def teacher_recipe(cfg: ex.Config, stage1_lr: float, stage2_lr: float | None = None) -> LabRecipe:
-    """``experiment.teacher_recipe`` with the teacher's rates replaced (``stage2_lr`` None: the lab's)."""
+    """``experiment.teacher_recipe`` with the teacher's rates replaced (``stage2_lr`` None: the preset's)."""
     rates = {"stage1_lr": float(stage1_lr)} | ({} if stage2_lr is None else {"stage2_lr": float(stage2_lr)})
     return dataclasses.replace(ex.teacher_recipe(cfg), **rates)
 
@@ -157,8 +157,8 @@ def main() -> None:
     sha, dirty = git_revision(ROOT)  # dirty: code (src/, pyproject.toml) differs from the commit
     out = {
         "rule": "README Deviation 17", "preset": "smoke" if args.smoke else "full", "draws": list(DRAWS),
-        "extend": EXTEND, "stage1_lr_before": ex.teacher_recipe(base).stage1_lr,
-        "stage2_lr_before": ex.teacher_recipe(base).stage2_lr, "stage1": s1_rec,
+        "extend": EXTEND, "stage1_lr_before": LabRecipe().stage1_lr,  # the lab's, before Deviation 17
+        "stage2_lr_before": LabRecipe().stage2_lr, "stage1": s1_rec,
         "stage2": record(rec2, stage2, "val_mean_exact_match"), "stage1_lr": s1, "stage2_lr": s2,
         "at_edge": bool(rec1["at_edge"] or rec2["at_edge"]), "teacher_steps": base.teacher_steps,
         "stage1_steps": base.stage1_steps, "n_val": base.n_val, "matches_lab_vlm": matches,

@@ -85,6 +85,9 @@ MORE_KD = ("vanilla_kd_cm", "vanilla_kd_flops")
 TUNING_VERSION = 2
 #: the claim that carries the note on learning rates still on an edge of their grid
 HEADLINE = "vs_vanilla_kd"
+#: the teacher's (stage-1, stage-2) learning rates chosen by the teacher pilot (README Deviation 17, run from
+#: a clean commit; ``results/align_ti/teacher_pilot.json``); the lab's were (3e-3, 2e-3)
+TEACHER_LR: tuple[float, float] = (0.00075, 0.001)
 #: the doubling grid of stage-2 budgets the pilot's rule chooses from (README Deviation 13)
 STAGE2_BUDGETS = (200, 400, 800, 1600)
 #: seconds of the full preset's estimated stage-2 training the chosen budget may take (README Deviation 13)
@@ -109,6 +112,11 @@ class Config:
     """teacher language-model layers"""
     teacher_steps: int = 1500
     """teacher's lab stage 2 (instruction tuning on ``families``), cached"""
+    teacher_stage1_lr: float = TEACHER_LR[0]
+    """teacher's lab stage-1 peak learning rate (the lab's 3e-3 stalled the 4-layer teacher): chosen by the teacher
+    pilot's rule (README Deviation 17, ``results/align_ti/teacher_pilot.json``); the student keeps the lab's"""
+    teacher_stage2_lr: float = TEACHER_LR[1]
+    """teacher's lab stage-2 peak learning rate, chosen by the same pilot after its stage-1 rate"""
     student_hidden: int = 64
     """student width"""
     student_layers: int = 2
@@ -145,6 +153,10 @@ class Config:
     """arms trained"""
 
     def __post_init__(self) -> None:
+        for name in ("teacher_stage1_lr", "teacher_stage2_lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite positive learning rate, got {v!r}")
         if isinstance(self.lr_extend, bool) or not isinstance(self.lr_extend, int) or self.lr_extend < 0:
             raise ValueError(f"lr_extend must be a non-negative int, got {self.lr_extend!r}")
         grid = [float(v) for v in self.lr_grid]
@@ -175,8 +187,10 @@ PRESETS: dict[str, Config] = {
 
 # ------------------------------------------------------------------------------------------------------ models
 def teacher_recipe(cfg: Config) -> LabRecipe:
+    # README Deviation 17: the teacher's own stage-1 and stage-2 rates (the student keeps the lab's)
     return grid_recipe(cfg.grid, cfg.teacher_hidden, cfg.teacher_layers, stage1_steps=cfg.stage1_steps,
-                       stage2_steps=cfg.teacher_steps, stage2_families=cfg.families, seed=cfg.lab_seed)
+                       stage1_lr=cfg.teacher_stage1_lr, stage2_steps=cfg.teacher_steps,
+                       stage2_lr=cfg.teacher_stage2_lr, stage2_families=cfg.families, seed=cfg.lab_seed)
 
 
 def student_recipe(cfg: Config) -> LabRecipe:
