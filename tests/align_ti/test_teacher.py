@@ -35,3 +35,11 @@ def test_the_teacher_takes_its_own_learning_rates_and_the_student_keeps_the_labs
             dataclasses.replace(PRESETS["smoke"], teacher_stage1_lr=bad)
         with pytest.raises(ValueError, match="teacher_stage2_lr"):
             dataclasses.replace(PRESETS["smoke"], teacher_stage2_lr=bad)
+
+
+def test_the_presets_stage2_budget_is_the_committed_stage2_pilots_choice_on_this_teacher():
+    """README Deviation 13's rule, rerun on Deviation 17's teacher: the committed pilot ran on the presets' teacher
+    (its recipe carries the teacher's rates) and chose the presets' budget."""
+    pilot = json.loads((Path(__file__).resolve().parents[2] / "results/align_ti/stage2_pilot.json").read_text())
+    assert pilot["steps"] == PRESETS["quick"].steps == PRESETS["full"].steps
+    assert pilot["src_clean"]
