@@ -246,3 +246,36 @@ def test_a_killed_writers_temp_files_are_swept_by_the_next_write(tmp_path):
     icml_io.atomic_write_with(tmp_path / "quick_a.png", lambda p: Path(p).write_bytes(b"png"))
     assert not plot_old.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
         ".full.json.abc123.tmp", ".quick.json.def456.tmp", "quick.json", "quick_a.png"]
+
+
+def _same(a, b):
+    """Equal, NaN equal to NaN."""
+    import math
+
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def test_read_results_nulls_in_one_pass_equal_the_two_pass_conversion(tmp_path):
+    """read_result converts numeric nulls while parsing (object hook); it must equal _null_to_nan of the parse, on a
+    hand-made document (nested lists, a null outside a numeric key, an object under a numeric key) and on every
+    committed result."""
+    import math
+
+    from icml26.common.results import _nan_hook, _null_to_nan
+
+    doc = ('{"estimate": null, "values": [1, null, [null, 2]], "note": null, "per_seed": [{"mean": null, "x": null}],'
+           ' "arms": {"a": {"m": {"mean": null, "std": 0.5, "values": [null]}}}, "interval": null}')
+    fast, slow = json.loads(doc, object_hook=_nan_hook), _null_to_nan(json.loads(doc))
+    assert _same(fast, slow)
+    assert math.isnan(fast["values"][2][0]) and fast["note"] is None and fast["per_seed"][0]["x"] is None
+    assert math.isnan(fast["per_seed"][0]["mean"]) and math.isnan(fast["arms"]["a"]["m"]["values"][0])
+    root = Path(__file__).resolve().parents[1] / "results"
+    for path in sorted(root.glob("*/quick.json"))[:6]:
+        text = path.read_text()
+        assert _same(json.loads(text, object_hook=_nan_hook), _null_to_nan(json.loads(text))), path

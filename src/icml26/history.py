@@ -44,6 +44,7 @@ class Git:
     def __init__(self, root: Path):
         self.root = Path(root)
         self._cache: dict[tuple[str, str], bytes | None] = {}
+        self._parsed: dict[tuple[str, str], dict[str, Any]] = {}  # _result_at's parsed results
 
     @classmethod
     def find(cls, start: str | Path | None = None) -> Git | None:
@@ -162,12 +163,8 @@ def _card(git: Git, sha: str, path: str) -> dict[str, Any] | None:
 
 
 def _verdict_at(git: Git, sha: str, slug: str, mode: str, claim: str) -> str:
-    raw = git.show(sha, f"results/{slug}/{mode}.json")
-    if raw is None:
-        return "—"
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
+    data = _result_at(git, sha, f"results/{slug}/{mode}.json")
+    if not data:
         return "—"
     for c in data.get("claims", []):
         if c.get("id") == claim:
@@ -229,13 +226,17 @@ def card_history(git: Git, slug: str) -> list[CardChange]:
 
 
 def _result_at(git: Git, sha: str, path: str) -> dict[str, Any]:
-    """The committed result at ``path`` in commit ``sha`` (``{}`` when absent or unreadable)."""
-    raw = git.show(sha, path)
-    try:
-        data = json.loads(raw) if raw is not None else {}
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The committed result at ``path`` in commit ``sha`` (``{}`` when absent or unreadable), parsed once per
+    ``git`` (a card's history reads the same result for every claim change and mode: read-only for callers)."""
+    key = (sha, path)
+    if key not in git._parsed:
+        raw = git.show(sha, path)
+        try:
+            data = json.loads(raw) if raw is not None else {}
+        except json.JSONDecodeError:
+            data = {}
+        git._parsed[key] = data if isinstance(data, dict) else {}
+    return git._parsed[key]
 
 
 _MISSING = object()

@@ -244,7 +244,11 @@ def validate_result(data: Mapping[str, Any]) -> None:
     numeric fields, as strict JSON writes it)."""
     if not isinstance(data, Mapping):
         raise ResultSchemaError("result must be a JSON object")
-    data = _null_to_nan(data)
+    _validate_converted(_null_to_nan(data))
+
+
+def _validate_converted(data: Mapping[str, Any]) -> None:
+    """``validate_result`` of data whose numeric nulls are already NaN (``read_result`` converts while parsing)."""
     missing = [k for k in SCHEMA_KEYS if k not in data]
     if missing:
         raise ResultSchemaError(f"result is missing keys {missing}")
@@ -399,6 +403,24 @@ def _null_to_nan(obj: Any, numeric: bool = False) -> Any:
     return obj
 
 
+def _numeric_nulls(v: Any) -> Any:
+    """A numeric field's value with every ``None`` (in nested lists too) as NaN; what ``_null_to_nan`` does under a
+    numeric key."""
+    if v is None:
+        return math.nan
+    if isinstance(v, list):
+        return [_numeric_nulls(x) for x in v]
+    return v
+
+
+def _nan_hook(obj: dict[str, Any]) -> dict[str, Any]:
+    """``json.loads`` object hook: ``_null_to_nan`` in the same pass as the parse (each object's numeric fields;
+    its nested objects were converted by their own call)."""
+    for k in _NUMERIC_KEYS & obj.keys():
+        obj[k] = _numeric_nulls(obj[k])
+    return obj
+
+
 def write_result(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
     """Validate ``data`` and write it to ``path`` atomically (temp file + rename). Returns the path."""
     validate_result(data)
@@ -411,11 +433,13 @@ def read_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a result JSON."""
     p = Path(path)
     try:
-        data = _null_to_nan(json.loads(p.read_text(encoding="utf-8")))
+        data = json.loads(p.read_text(encoding="utf-8"), object_hook=_nan_hook)
     except json.JSONDecodeError as exc:
         raise ResultSchemaError(f"{p}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ResultSchemaError(f"{p}: result must be a JSON object")
     try:
-        validate_result(data)
+        _validate_converted(data)
     except ResultSchemaError as exc:
         raise ResultSchemaError(f"{p}: {exc}") from exc
     return data
