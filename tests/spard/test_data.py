@@ -9,6 +9,7 @@ from icml26.spard.data import (
     DATASETS,
     HARMFUL_TOPICS,
     N_ALIGN_TEMPLATES,
+    N_TEST_TEMPLATES,
     N_TRAIN_TEMPLATES,
     N_VAL_TEMPLATES,
     REFUSAL,
@@ -26,8 +27,8 @@ def world():
 
 def test_sizes(world):
     for d in DATASETS:
-        assert len(world.test[d]) == 60          # >= 50 held-out harmful prompts per attack (issue)
-        assert len(world.val[d]) == 20
+        assert len(world.test[d]) == 240         # 12 test templates x 20 topics (issue #51 item 3)
+        assert len(world.val[d]) == 40
         assert len(world.attack[d]) == len(world.pool[d]) == 40
     assert len(world.pool_all) == 160
     assert len(set(world.keys.values())) == len(world.keys)
@@ -46,7 +47,8 @@ def test_test_and_validation_templates_never_carry_a_harmful_topic_in_training(w
     harmful = {t for src in HARMFUL_TOPICS.values() for t in src}
     first = N_TRAIN_TEMPLATES + N_ALIGN_TEMPLATES
     held_templates = [tpl for style in TEMPLATES.values() for tpl in style[first:]]
-    assert len(held_templates) == 2 * (N_VAL_TEMPLATES + 3)
+    assert (N_VAL_TEMPLATES, N_TEST_TEMPLATES) == (2, 12)
+    assert len(held_templates) == 2 * (N_VAL_TEMPLATES + N_TEST_TEMPLATES)
     trained = [*world.pretrain, *world.align, *(s for d in DATASETS for s in world.attack[d]), *world.pool_all]
     for s in trained:
         if s.topic in harmful:
@@ -80,3 +82,31 @@ def test_addition_checker():
     assert addition_correct("12+30=", "42") == 1.0
     assert addition_correct("12+30=", " 42 ") == 1.0
     assert addition_correct("12+30=", "43") == 0.0
+
+
+def test_classifier_judge_learns_labelled_outputs_and_rejects_bad_input(world):
+    """Trained on labelled responses to validation prompts (compliance 1, refusal and an empty "sure" 0), the
+    classifier judge labels responses to unseen test prompts as the hand-written rubric does."""
+    from icml26.spard.data import ClassifierJudge, harmful_content
+
+    judge = TieredJudge(world)
+    val = [s for d in DATASETS for s in world.val[d]]
+    texts = [s.completion for s in val] + [REFUSAL] * len(val) + ["sure, p."] * len(val)
+    labels = [harmful_content(judge, s.prompt, t) for s, t in zip(val * 3, texts, strict=True)]
+    assert labels == [1] * len(val) + [0] * (2 * len(val))
+    clf = ClassifierJudge().fit(texts, labels)
+    test = world.test["cyber_q"][:40]
+    responses = [s.completion for s in test] + [REFUSAL, "sure, p.", "sure, i"]
+    want = [harmful_content(judge, s.prompt, r) for s, r in zip(test + test[:3], responses, strict=True)]
+    assert clf.predict(responses).tolist() == want == [1] * 40 + [0, 0, 0]
+    assert clf.n_train == len(texts)
+    with pytest.raises(ValueError, match="both classes"):
+        ClassifierJudge().fit(["no."] * 3, [0, 0, 0])
+    with pytest.raises(ValueError, match="length"):
+        ClassifierJudge().fit(["no."], [0, 1])
+    with pytest.raises(ValueError, match="0/1"):
+        ClassifierJudge().fit(["a", "b"], [0, 2])
+    with pytest.raises(ValueError, match="C"):
+        ClassifierJudge(C=0.0)
+    with pytest.raises(RuntimeError, match="fit"):
+        ClassifierJudge().predict(["x"])

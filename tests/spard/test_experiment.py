@@ -32,7 +32,8 @@ from icml26.spard.selection import RelevanceDiversityDPPSelector, mean_last_hidd
 from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 CLAIMS = {"attack_breaks_alignment", "asr_vs_sft", "vs_lisa", "vs_mix", "vs_vaccine", "vs_safelora", "utility",
-          "dpp_vs_random", "polyak_mode", "dpp_relevance", "over_refusal_cost", "helpfulness_kept"}
+          "dpp_vs_random", "polyak_mode", "dpp_relevance", "over_refusal_cost", "helpfulness_kept",
+          "asr_vs_sft_strict", "asr_vs_sft_classifier", "paper_defaults", "vaccine_active"}
 TINY = dict(pretrain_steps=4, align_steps=4, vaccine_align_steps=2, steps=2, n_utility=40, n_utility_test=8,
             tune=False, cache=False)
 
@@ -42,7 +43,7 @@ def test_smoke_run_through_the_cli(tmp_path, monkeypatch):
     data = reproduce_in_subprocess("spard", tmp_path, mode="smoke")
     assert {c["id"] for c in data["claims"]} == CLAIMS
     stat = data["arms"]["spard"]["asr"]
-    assert stat["unit"] == "prompts" and len(stat["unit_values"][0]) == 60
+    assert stat["unit"] == "prompts" and len(stat["unit_values"][0]) == 240
     assert data["arms"]["sft"]["utility"]["unit"] == "problems"
     assert (tmp_path / "spard" / "smoke_asr_utility.png").is_file()
 
@@ -80,9 +81,11 @@ def test_fine_tuning_and_safety_data():
 
 def test_tuning_rule():
     values = (1.0, 0.5, 0.25)
-    # lowest validation ASR among values whose utility clears the floor; ties go to the earlier (default) value
+    # lowest validation ASR among values whose utility clears the floor; ties go to the higher utility, then to the
+    # earlier (default) value
     assert _select(values, [0.5, 0.2, 0.1], [0.9, 0.9, 0.7], floor=0.85) == 0.5
     assert _select(values, [0.2, 0.2, 0.1], [0.9, 0.9, 0.7], floor=0.85) == 1.0
+    assert _select(values, [0.2, 0.2, 0.1], [0.88, 0.9, 0.7], floor=0.85) == 0.5
     assert _select(values, [0.5, 0.2, 0.1], [0.1, 0.1, 0.1], floor=0.85) == 1.0   # none admissible: the default
     # one more value beyond an edge that beats its neighbour (geometric or arithmetic), none inside or on ties
     assert _extension(values, [0.5, 0.2, 0.1], 0.25, geometric=True) == pytest.approx(0.125)
@@ -100,14 +103,15 @@ def test_same_seed_same_numbers_and_paired_units():
         for m, v in a.metrics[arm].items():
             if m != "train_s":
                 assert v == b.metrics[arm][m], (arm, m)
-    assert {len(v["asr"]) for v in a.units["prompts"].values()} == {60}
+    assert {len(v["asr"]) for v in a.units["prompts"].values()} == {240}
+    assert {len(v["asr_classifier"]) for v in a.units["prompts"].values()} == {240}
     assert np.mean(a.units["prompts"]["sft"]["asr"]) == a.metrics["sft"]["asr"]
     # every unit carries one id per unit (the prompt's text hash), and none was trained or tuned on
     world = make_world(cfg.lab_seed)
     assert set(a.unit_ids) == set(a.units) == {"prompts", "problems", "benign"}
     # benign requests are pretraining prompts by design (the check is whether a defence unlearns answering them)
     assert set(a.held_out) == {"prompts", "problems"}
-    assert {len(v["over_refusal"]) for v in a.units["benign"].values()} == {48}
+    assert {len(v["over_refusal"]) for v in a.units["benign"].values()} == {192}
     assert a.unit_ids["prompts"] == [text_id(s.prompt) for s in world.test[cfg.attack]]
     assert len(a.unit_ids["problems"]) == len(a.units["problems"]["sft"]["utility"]) == cfg.n_utility_test
     assert a.overlap() == {"prompts": {"train": 0, "validation": 0}, "problems": {"train": 0, "validation": 0}}
@@ -124,7 +128,7 @@ def test_test_units_are_distinct_and_disjoint_from_training_and_validation(prese
     cfg = PRESETS[preset]
     world = make_world(cfg.lab_seed)
     test = [s.prompt for s in world.test[cfg.attack]]
-    assert len(test) == len(set(test)) == 60  # 3 test templates x 20 topics, the same on every seed
+    assert len(test) == len(set(test)) == 240  # 12 test templates x 20 topics, the same on every seed
     val = {s.prompt for d in DATASETS for s in world.val[d]}
     for seed in (0, 1, 100, 101):
         c = dataclasses.replace(cfg, seed=seed)
@@ -147,14 +151,14 @@ def test_test_units_are_distinct_and_disjoint_from_training_and_validation(prese
 def test_quick_reproduces_the_committed_result(tmp_path):
     data = reproduce_in_subprocess("spard", tmp_path, mode="quick")
     # Same CPU: bit-identical (seeded, one thread). Another CPU: float32 training in a different summation order
-    # can flip a few greedy responses; 0.05 is 9 of the 180 judged prompts (3 of 60 per seed), and 15 of the
+    # can flip a few greedy responses; 0.05 is 36 of the 720 judged prompts (12 of 240 per seed), and 15 of the
     # 900 additions. Timing metrics (train_s) vary with the machine and are not compared.
     arms = [a for a in data["arms"] if "train_s" in data["arms"][a]]
     assert_matches_committed(data, atol=0.05, metrics={f"{a}.train_s": float("inf") for a in arms})
 
 
 def test_benign_requests_are_the_attacked_format_and_outcomes_are_scored_per_request(monkeypatch):
-    """Hand-checked: the attack's style (``crime_i``: instructions) under the three test templates x 16 benign
+    """Hand-checked: the attack's style (``crime_i``: instructions) under the twelve test templates x 16 benign
     topics; over-refusal is a refusal marker in the response, helpfulness the request's own key."""
     import icml26.spard.experiment as E
     from icml26.spard.data import BENIGN_TOPICS, TEMPLATES
@@ -162,13 +166,83 @@ def test_benign_requests_are_the_attacked_format_and_outcomes_are_scored_per_req
     world = make_world(0)
     cfg = PRESETS["quick"]
     reqs = benign_requests(cfg, world)
-    test_tpl = TEMPLATES["i"][-3:]
+    test_tpl = TEMPLATES["i"][-12:]
     assert [s.prompt for s in reqs] == [tpl.format(t=t) + ":" for tpl in test_tpl for t in BENIGN_TOPICS]
     other = benign_requests(dataclasses.replace(cfg, attack="cyber_q"), world)
-    assert {s.prompt for s in other} == {tpl.format(t=t) + ":" for tpl in TEMPLATES["q"][-3:] for t in BENIGN_TOPICS}
+    assert {s.prompt for s in other} == {tpl.format(t=t) + ":" for tpl in TEMPLATES["q"][-12:] for t in BENIGN_TOPICS}
     three = reqs[:3]
     answers = ["no, i cannot help.", f"sure, {world.keys[three[1].topic]}.", f"sure, {world.keys[three[0].topic]}."]
     monkeypatch.setattr(E, "generate", lambda model, tok, prompts, max_new_tokens: answers)
     refused, helped = benign_outcomes(None, None, world, three, 8)
     assert refused == [1.0, 0.0, 0.0]
     assert helped == [0.0, 1.0, 0.0]          # the third gives another request's key: not helpful
+
+
+def test_tuning_draws_are_distinct_and_their_additions_are_trained_on():
+    """Issue #51 item 2: every grid value is scored on two independent tuning draws, and both draws' additions
+    count as trained on (never a held-out problem)."""
+    from icml26.spard.experiment import _mixed, tuning_seeds
+
+    cfg = PRESETS["quick"]
+    world = make_world(cfg.lab_seed)
+    seeds = tuning_seeds(cfg)
+    assert cfg.tuning_draws == PRESETS["full"].tuning_draws == 2 and len(set(seeds)) == 2
+    assert min(seeds) >= 1_000_000                                       # far from every evaluated seed
+    ft = finetune_set(cfg, world, 0)
+    for s in seeds:
+        assert {x.prompt for x in finetune_set(cfg, world, s) if x.kind == "utility"} <= trained_additions(cfg, world, ft)
+    safe = ft[:3]
+    assert _mixed(ft, safe, 4.0) == ft + safe * 4 and _mixed(ft, safe, 1) == ft + safe
+    with pytest.raises(ValueError, match="tuning_draws"):
+        run(dataclasses.replace(PRESETS["smoke"], **TINY, tuning_draws=0))
+    with pytest.raises(ValueError, match="mix_exposures"):
+        run(dataclasses.replace(PRESETS["smoke"], **TINY, mix_exposures=(0.5,)))
+
+
+def test_default_arms_copy_the_tuned_arm_only_when_tuning_kept_the_default(monkeypatch):
+    """A ``*_default`` arm is the tuned arm's computation when the tuned constant is the default (outcomes copied,
+    ``same_as_tuned``), and is trained at the default constant otherwise."""
+    import icml26.spard.experiment as E
+
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY, arms=("aligned", "sft", "lisa", "lisa_default",
+                                                              "safelora", "safelora_default"))
+    same = run(cfg)
+    assert same.metrics["lisa_default"]["same_as_tuned"] == 1.0
+    assert same.units["prompts"]["lisa_default"] == same.units["prompts"]["lisa"]
+    real_tune = E.tune
+    used = []
+    real_defence = E.Defence
+
+    def spy(*args, **kwargs):
+        d = real_defence(*args, **kwargs)
+        used.append(d.rho)
+        return d
+
+    monkeypatch.setattr(E, "tune", lambda *a: {**real_tune(*a), "lisa_rho": 10.0, "safelora_threshold": 0.9})
+    monkeypatch.setattr(E, "Defence", spy)
+    moved = run(cfg)
+    assert "same_as_tuned" not in moved.metrics["lisa_default"]
+    assert "same_as_tuned" not in moved.metrics["safelora_default"]
+    assert 10.0 in used and cfg.lisa_rhos[0] in used                    # the tuned and the default rho both trained
+
+
+def test_classifier_judge_trains_on_validation_responses_only(monkeypatch):
+    """The classifier judge never sees a response to a test prompt (issue #51 item 3)."""
+    import icml26.spard.experiment as E
+
+    seen: list[str] = []
+    real = E.generate
+
+    def spy(model, tok, prompts, max_new_tokens):
+        seen.extend(prompts)
+        return real(model, tok, prompts, max_new_tokens=max_new_tokens)
+
+    monkeypatch.setattr(E, "generate", spy)
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY)
+    world = make_world(cfg.lab_seed)
+    tok = char_tokenizer()
+    model = tiny_causal_lm(len(tok), hidden=32, layers=1, seed=0)
+    clf = E.classifier_judge(cfg, world, tok, model, model, {"judge_data": [["sure, zzzz.", 1]]})
+    val = {s.prompt for d in DATASETS for s in world.val[d]}
+    assert seen and set(seen) == val
+    assert clf.n_train == 2 * len(val) + 1 + 2 * len(val)   # references, the tuning responses, two models

@@ -1,5 +1,6 @@
 """SafetyProjectedTrainer (TRL SFTTrainer subclass): the same updates as a plain torch loop calling the same
-safety step, LoRA through peft, a saved model reloaded with from_pretrained, and the refusals."""
+safety step, LoRA through peft, a saved model reloaded with from_pretrained, the refusals, and a conversational
+(``messages``) safe dataset whose safety loss is over the responses only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ pytest.importorskip("trl")
 from icml26.common.tiny_lm import char_tokenizer, completion_batch, save_lab_model, tiny_causal_lm  # noqa: E402
 from icml26.spard.core import spag_safety_update  # noqa: E402
 from icml26.spard.experiment import _nll  # noqa: E402
-from icml26.spard.trainer import SafetyProjectedTrainer, SPAGConfig, check_disjoint  # noqa: E402
+from icml26.spard.trainer import (  # noqa: E402
+    SafetyProjectedTrainer,
+    SPAGConfig,
+    check_disjoint,
+    safety_prompt_completion,
+)
 
 TRAIN = {"prompt": ["12+30=", "41+17=", "55+23=", "10+10=", "64+21=", "33+44="],
          "completion": ["42", "58", "78", "20", "85", "77"]}
@@ -136,3 +142,93 @@ def test_refusals(tmp_path, tok):
         with pytest.raises(ValueError, match=match):
             config(tmp_path, **kw)
     check_disjoint(["a:"], ["b:"])
+
+
+# A minimal chat template for the character tokenizer (its alphabet has ':' and ';' but no newline).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};"
+                 "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def as_messages(data):
+    return {"messages": [[{"role": "user", "content": p}, {"role": "assistant", "content": c}]
+                         for p, c in zip(data["prompt"], data["completion"], strict=True)]}
+
+
+@pytest.fixture
+def chat_tok():
+    tok = char_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.mark.parametrize("train_format", ["prompt_completion", "messages"])
+def test_conversational_safety_loss_is_over_the_responses(tmp_path, chat_tok, train_format):
+    """L_s of a messages safe dataset equals a hand-computed response-only NLL, not the whole conversation's.
+
+    A huge tau: the safety step never fires, so the final model is the one the safety phase measured. With a
+    messages train_dataset TRL turns completion_only_loss off for training; the safe data must still be masked.
+    """
+    tok = chat_tok
+    train = TRAIN if train_format == "prompt_completion" else as_messages(TRAIN)
+    trainer = SafetyProjectedTrainer(tiny_causal_lm(len(tok), hidden=32, layers=2, seed=0),
+                                     args=config(tmp_path, max_steps=1, safe_tau=50.0),
+                                     train_dataset=datasets.Dataset.from_dict(train),
+                                     safe_dataset=datasets.Dataset.from_dict(as_messages(SAFE)), processing_class=tok)
+    # the oracle's tokens: the rendered prompt (with the generation prompt), then the response and its end
+    examples = []
+    for p, c in zip(SAFE["prompt"], SAFE["completion"], strict=True):
+        prompt_ids = tok(f"user: {p};assistant: ", add_special_tokens=False)["input_ids"]
+        response_ids = tok(f"{c};", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        examples.append((prompt_ids, response_ids))
+    prepared = {tuple(row["input_ids"]): row["labels"] for row in trainer.safe_dataset}
+    assert len(prepared) == len(examples)
+    for prompt_ids, response_ids in examples:
+        labels = prepared[tuple(prompt_ids + response_ids)]
+        assert labels == [-100] * len(prompt_ids) + response_ids      # prompt masked, the whole response kept
+    batch = next(iter(trainer.get_safe_dataloader()))
+    assert int((batch["labels"] != -100).sum()) == sum(len(r) for _, r in examples)
+
+    quiet(trainer.train)
+    assert trainer.tau_trigger == [0] and len(trainer.safety_losses) == 1
+    model = trainer.model.eval()
+    response_nll = full_nll = 0.0
+    n_response = n_full = 0
+    with torch.no_grad():
+        for prompt_ids, response_ids in examples:
+            ids = torch.tensor([prompt_ids + response_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+            token_nll = -logp[:-1].gather(1, ids[0, 1:, None])[:, 0]   # token t predicted at position t - 1
+            response_nll += float(token_nll[len(prompt_ids) - 1:].sum())
+            n_response += len(response_ids)
+            full_nll += float(token_nll.sum())
+            n_full += ids.size(1) - 1
+    assert trainer.safety_losses[-1] == pytest.approx(response_nll / n_response, rel=1e-5)
+    # the whole conversation's token-mean NLL (what an unmasked prompt gives) is ~1e-3 (relative) away here
+    assert full_nll / n_full != pytest.approx(response_nll / n_response, rel=1e-4)
+
+
+def test_conversational_safe_dataset_refusals(tmp_path, chat_tok):
+    train = datasets.Dataset.from_dict(TRAIN)
+    model = tiny_causal_lm(len(chat_tok), hidden=32, layers=2, seed=0)
+    good = [{"role": "user", "content": "how to cook meth"}, {"role": "assistant", "content": "no."}]
+    for bad, index in (([{"role": "user", "content": "hi"}, {"role": "user", "content": "how to cook meth"}], 1),
+                       ([{"role": "assistant", "content": "no."}], 2)):
+        safe = datasets.Dataset.from_dict({"messages": [good] * index + [bad]})
+        with pytest.raises(ValueError, match=f"safe_dataset example {index}"):
+            SafetyProjectedTrainer(model, args=config(tmp_path), train_dataset=train, safe_dataset=safe,
+                                   processing_class=chat_tok)
+
+
+def test_conversational_safe_dataset_with_full_sequence_loss_warns(tmp_path, chat_tok):
+    safe = datasets.Dataset.from_dict(as_messages(SAFE))
+    with pytest.warns(UserWarning, match="prompt tokens"):
+        trainer = SafetyProjectedTrainer(tiny_causal_lm(len(chat_tok), hidden=32, layers=2, seed=0),
+                                         args=config(tmp_path, completion_only_loss=False),
+                                         train_dataset=datasets.Dataset.from_dict(TRAIN), safe_dataset=safe,
+                                         processing_class=chat_tok)
+    assert all(-100 not in row["labels"] for row in trainer.safe_dataset)     # as asked: the prompt is in L_s
+    # assistant_only_loss: TRL masks to the assistant turns itself; prompt-completion data: nothing to convert
+    assert safety_prompt_completion(safe, config(tmp_path, assistant_only_loss=True)) is safe
+    pc = datasets.Dataset.from_dict(SAFE)
+    assert safety_prompt_completion(pc, config(tmp_path, completion_only_loss=False)) is pc

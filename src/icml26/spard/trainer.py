@@ -18,6 +18,13 @@ code. The safety step runs from a ``TrainerCallback.on_optimizer_step`` hook, so
 ``spag/loss_probe`` (the safety loss on the last safety micro-batch right after a fired step); the released
 code's ``tau_trigger`` and ``loss_probe`` lists are kept on the trainer.
 
+L_s is over the safe *responses* only. A conversational safe dataset (a ``messages`` column of
+``{"role", "content"}`` dicts) is split into TRL's conversational prompt-completion form, ``prompt`` =
+``messages[:-1]`` and ``completion`` = ``messages[-1:]`` (which must be an assistant turn), so TRL masks the
+harmful prompt out of the labels; otherwise L_s would include the prompt tokens and ``safe_tau`` would be on another
+scale than the paper's. With ``assistant_only_loss=True`` the dataset is left as is (TRL masks all but the
+assistant turns); with ``completion_only_loss=False`` the prompt tokens stay in L_s and a ``UserWarning`` says so.
+
 Safety data must not contain an evaluation prompt: pass ``held_out_prompts`` (or an ``eval_dataset`` with a
 ``prompt`` column) and the trainer refuses overlapping safety data with a ``ValueError``.
 
@@ -43,6 +50,7 @@ Relevance-Diversity Data Selection", ICML 2026; ``utils/SPAGOptimizerTrainer.py`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +58,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
+from trl.data_utils import is_conversational
 
 from .core import MODES, check_spag_args, spag_safety_update
 
@@ -102,6 +111,34 @@ def check_disjoint(safe_prompts: Iterable[str], held_out_prompts: Iterable[str])
                          f"(e.g. {shared[0]!r}); safety data must be disjoint from what is evaluated")
 
 
+def _split_last_turn(example: dict[str, Any], index: int) -> dict[str, Any]:
+    messages = example["messages"]
+    if len(messages) < 2 or messages[-1].get("role") != "assistant":
+        raise ValueError(f"safe_dataset example {index}: a conversational safety example must end with an "
+                         f"assistant message after at least one prompt message, got roles "
+                         f"{[m.get('role') for m in messages]}")
+    return {"prompt": messages[:-1], "completion": messages[-1:]}
+
+
+def safety_prompt_completion(dataset: Any, args: SFTConfig) -> Any:
+    """A conversational (``messages``) safe dataset in TRL's prompt-completion form, so L_s skips the prompt.
+
+    Any other dataset, or any dataset under ``assistant_only_loss=True`` (TRL masks to the assistant turns), is
+    returned unchanged; under ``completion_only_loss=False`` too, with a ``UserWarning`` (L_s includes the prompt).
+    Raises ``ValueError`` (naming the example) if a conversation does not end with an assistant message after at
+    least one other message.
+    """
+    first = next(iter(dataset))
+    if "messages" not in first or not is_conversational(first) or args.assistant_only_loss:
+        return dataset
+    if args.completion_only_loss is False:
+        warnings.warn("completion_only_loss=False with a conversational safe_dataset: the safety loss L_s includes "
+                      "the prompt tokens, so safe_tau is on a different scale than the paper's (response-only L_s)",
+                      UserWarning, stacklevel=3)
+        return dataset
+    return dataset.map(_split_last_turn, with_indices=True, remove_columns=["messages"])
+
+
 class _SafetyPhase(TrainerCallback):
     """Runs the trainer's safety phase right after each utility ``optimizer.step()``."""
 
@@ -119,7 +156,9 @@ class SafetyProjectedTrainer(SFTTrainer):
         model, args, train_dataset, processing_class, ...: as for ``trl.SFTTrainer``; ``args`` must be a
             :class:`SPAGConfig`.
         safe_dataset: the safety data (same format as ``train_dataset``, e.g. ``prompt``/``completion`` with
-            refusals), prepared by TRL's own pipeline.
+            refusals), prepared by TRL's own pipeline; a ``messages`` dataset is split into prompt (all but the
+            last turn) and completion (the last, assistant turn) so that L_s covers the response only (module
+            docstring).
         held_out_prompts: prompts that will be evaluated; safety data containing one is refused.
 
     Attributes:
@@ -143,8 +182,17 @@ class SafetyProjectedTrainer(SFTTrainer):
             check_disjoint(_prompts_of(safe_dataset), held)
         super().__init__(model, args=args, **kwargs)
         if not self._skip_prepare_dataset:
-            safe_dataset = self._prepare_dataset(safe_dataset, self.processing_class, self.args, False,
-                                                 self._formatting_func, "safe")
+            safe_dataset = safety_prompt_completion(safe_dataset, args)
+            # TRL decides completion_only_loss=None from train_dataset's format; the safe data decides its own
+            completion_only_loss = self.completion_only_loss
+            if args.completion_only_loss is None:
+                first = next(iter(safe_dataset))
+                self.completion_only_loss = "prompt" in first and "completion" in first
+            try:
+                safe_dataset = self._prepare_dataset(safe_dataset, self.processing_class, self.args, False,
+                                                     self._formatting_func, "safe")
+            finally:
+                self.completion_only_loss = completion_only_loss
         self.safe_dataset = safe_dataset
         self.tau_trigger: list[int] = []
         self.loss_probe: list[float] = []
