@@ -246,3 +246,30 @@ def test_classifier_judge_trains_on_validation_responses_only(monkeypatch):
     val = {s.prompt for d in DATASETS for s in world.val[d]}
     assert seen and set(seen) == val
     assert clf.n_train == 2 * len(val) + 1 + 2 * len(val)   # references, the tuning responses, two models
+
+
+def test_grid_search_extends_until_the_choice_is_inside_or_the_budget_is_spent():
+    """House rule: a value on each side of the choice. ASR falls with the knob and utility holds up to 100, so
+    (1, 0.1, 10) grows to 100 and 1000 and stops with 100 inside (1000 is inadmissible); with one extension it
+    stops on the edge, flagged."""
+    from icml26.spard.experiment import grid_search
+
+    calls = []
+
+    def score(v):
+        calls.append(v)
+        return 1 / (1 + v), (0.95 if v <= 100 else 0.5)
+
+    values, res, chosen, at_edge = grid_search((1.0, 0.1, 10.0), score, 0.9, extensions=3, geometric=True,
+                                               valid=lambda v: v > 0)
+    assert values == pytest.approx((1.0, 0.1, 10.0, 100.0, 1000.0)) and calls == list(values)
+    assert chosen == pytest.approx(100.0) and not at_edge
+    values, _, chosen, at_edge = grid_search((1.0, 0.1, 10.0), score, 0.9, extensions=1, geometric=True,
+                                             valid=lambda v: v > 0)
+    assert len(values) == 4 and chosen == pytest.approx(100.0) and at_edge
+    # an extension the knob cannot take (a SafeLoRA threshold above 1) leaves the choice on its edge, flagged
+    values, _, chosen, at_edge = grid_search((0.5, 0.3, 0.9), lambda v: (1 - v, 0.95), 0.9, extensions=3,
+                                             geometric=False, valid=lambda v: 0 <= v <= 1)
+    assert values == (0.5, 0.3, 0.9) and chosen == 0.9 and at_edge
+    with pytest.raises(ValueError, match="grid_extensions"):
+        run(dataclasses.replace(PRESETS["smoke"], **{**TINY, "tune": True}, grid_extensions=-1))

@@ -28,8 +28,9 @@ SafeLoRA: the threshold; mixing: the exposure, copies of the safety data in the 
 per lab on a *validation* split (the validation templates' harmful prompts of all four datasets and fresh
 additions), each value scored on ``tuning_draws`` separate tuning draws of the fine-tuning data (means decide):
 the lowest validation ASR among the values whose validation utility is within ``utility_margin`` of plain SFT's,
-ties to the higher utility, then to the paper default; a grid whose best value sits on its edge (and beats its
-neighbour) gets one more value beyond that edge. The choice is cached with the lab models.
+ties to the higher utility, then to the paper default; while the best value sits on the grid's edge (and beats its
+neighbour), the grid grows by one value beyond that edge, at most ``grid_extensions`` times; a choice still on an
+edge is flagged (``<knob>_at_edge``) and noted on the headline. The choice is cached with the lab models.
 
 **Evaluation** (what the claims pair): the attack dataset's 240 test prompts (twelve templates never paired with
 a harmful topic in any training stage), recorded per prompt as 0/1 (``prompts``) by three judges: the lenient
@@ -184,6 +185,9 @@ class Config:
     """SafeLoRA grid of the cosine threshold (first: the default)"""
     tune: bool = True
     """choose each defence's knob on the validation split (else: the first grid value)"""
+    grid_extensions: int = 3
+    """tuning: how many values a grid may grow by, one at a time past the edge its choice sits on (the choice is
+    flagged ``<knob>_at_edge`` and noted on the headline when it still sits there)"""
     tuning_draws: int = 2
     """independent tuning draws (fine-tuning set, safety selection, batch order) each grid value is scored on;
     the score is their mean (issue #51 item 2: one draw let a tie fall to grid order)"""
@@ -534,19 +538,44 @@ def _extension(values: tuple[float, ...], asr: list[float], chosen: float, *, ge
     return e * e / n if geometric else 2 * e - n
 
 
+def grid_search(values: tuple[float, ...], score: Any, floor: float, *, extensions: int, geometric: bool,
+                valid: Any) -> tuple[tuple[float, ...], list[Any], float, bool]:
+    """Score every value (``score(v) -> (ASR, utility, ...)``), choose by :func:`_select`, and while the choice
+    sits on the grid's edge and beats its neighbour, add the value beyond that edge (:func:`_extension`, if
+    ``valid``) and choose again, at most ``extensions`` times.
+
+    Returns:
+        ``(values, scores, chosen, at_edge)``: the grown grid, each value's score, the choice, and whether it still
+        sits on an edge with a better ASR than its neighbour (no value beyond it was tried).
+    """
+    res = [score(v) for v in values]
+    chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
+    for _ in range(extensions):
+        extra = _extension(values, [r[0] for r in res], chosen, geometric=geometric)
+        if extra is None or not valid(extra):
+            break
+        values = (*values, extra)
+        res.append(score(extra))
+        chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
+    at_edge = _extension(values, [r[0] for r in res], chosen, geometric=geometric) is not None
+    return values, res, chosen, at_edge
+
+
 def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[str, Any]:
     """Each defence's knob, chosen on the validation split over ``cfg.tuning_draws`` tuning draws (cached).
 
     Every grid is searched the same way: each value is scored on every draw (validation ASR and utility, their
-    means decide), then one value beyond the edge if the best admissible value sits on the grid's edge and beats
-    its neighbour (:func:`_extension`). The result also holds the validation responses and their labels
+    means decide), then, while the best admissible value sits on the grid's edge and beats its neighbour, one
+    value beyond that edge (:func:`_extension`), at most ``cfg.grid_extensions`` times. The result also holds the validation responses and their labels
     (``judge_data``), on which the classifier judge is trained.
     """
     defaults = {"tau_scale": cfg.tau_scales[0], "tau_scale_polyak": cfg.tau_scales[0], "lisa_rho": cfg.lisa_rhos[0],
                 "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0],
                 "mix_exposure": cfg.mix_exposures[0]}
-    if isinstance(cfg.tuning_draws, bool) or not isinstance(cfg.tuning_draws, int) or cfg.tuning_draws < 1:
-        raise ValueError(f"tuning_draws must be an int >= 1, got {cfg.tuning_draws!r}")
+    for field_name in ("tuning_draws", "grid_extensions"):
+        v = getattr(cfg, field_name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if field_name == "tuning_draws" else 0):
+            raise ValueError(f"{field_name} must be an int >= {1 if field_name == 'tuning_draws' else 0}, got {v!r}")
     if any(not (isinstance(m, (int, float)) and m >= 1 and float(m).is_integer()) for m in cfg.mix_exposures):
         raise ValueError(f"mix_exposures must be whole numbers >= 1, got {cfg.mix_exposures!r}")
     if not cfg.tune:
@@ -591,13 +620,8 @@ def _tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[s
             per = [score(fit(v, d)) for d in draws]
             return float(np.mean([a for a, _ in per])), float(np.mean([u for _, u in per])), [list(x) for x in per]
 
-        res = [mean_score(v) for v in values]
-        chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
-        extra = _extension(values, [r[0] for r in res], chosen, geometric=geometric)
-        if extra is not None and valid(extra):
-            values = (*values, extra)
-            res.append(mean_score(extra))
-            chosen = _select(values, [r[0] for r in res], [r[1] for r in res], floor)
+        values, res, chosen, out[f"{name}_at_edge"] = grid_search(
+            values, mean_score, floor, extensions=cfg.grid_extensions, geometric=geometric, valid=valid)
         out[name] = chosen
         # per value: [value, mean ASR, mean utility, [[ASR, utility] per draw]]
         out[f"val_{name}"] = [[v, *r] for v, r in zip(values, res, strict=True)]
@@ -745,7 +769,10 @@ def run(cfg: Config) -> SeedRun:
             "spard": safe_dpp, "spard_default": safe_dpp, "spag_polyak": safe_dpp, "sft_mix_random": safe_rand,
             "spag_random": safe_rand, "spag_oracle": safe_oracle}
     safety = [safe for arm, safe in uses.items() if arm in cfg.arms]
-    return SeedRun(metrics, series=series,
+    edges = sorted(k[:-len("_at_edge")] for k, v in hp.items() if k.endswith("_at_edge") and v)
+    notes = {"asr_vs_sft": "tuned constants still on an edge of their grid after its extensions (the optimum may lie "
+             "beyond): " + ", ".join(f"{k} = {hp[k]:g}" for k in edges)} if edges else {}
+    return SeedRun(metrics, series=series, notes=notes,
                    units={"prompts": per_prompt, "problems": per_problem, "benign": per_benign},
                    unit_ids={"prompts": [text_id(p) for p in test_prompts],
                              "problems": [text_id(s.prompt) for s in problems],
