@@ -263,6 +263,7 @@ def test_grid_search_extends_until_the_choice_is_inside_or_the_budget_is_spent()
     values, res, chosen, at_edge = grid_search((1.0, 0.1, 10.0), score, 0.9, extensions=3, geometric=True,
                                                valid=lambda v: v > 0)
     assert values == pytest.approx((1.0, 0.1, 10.0, 100.0, 1000.0)) and calls == list(values)
+    assert [r[0] for r in res] == pytest.approx([1 / (1 + v) for v in values])      # each value's own score
     assert chosen == pytest.approx(100.0) and not at_edge
     values, _, chosen, at_edge = grid_search((1.0, 0.1, 10.0), score, 0.9, extensions=1, geometric=True,
                                              valid=lambda v: v > 0)
