@@ -403,21 +403,11 @@ def _null_to_nan(obj: Any, numeric: bool = False) -> Any:
     return obj
 
 
-def _numeric_nulls(v: Any) -> Any:
-    """A numeric field's value with every ``None`` (in nested lists too) as NaN; what ``_null_to_nan`` does under a
-    numeric key."""
-    if v is None:
-        return math.nan
-    if isinstance(v, list):
-        return [_numeric_nulls(x) for x in v]
-    return v
-
-
 def _nan_hook(obj: dict[str, Any]) -> dict[str, Any]:
     """``json.loads`` object hook: ``_null_to_nan`` in the same pass as the parse (each object's numeric fields;
     its nested objects were converted by their own call)."""
     for k in _NUMERIC_KEYS & obj.keys():
-        obj[k] = _numeric_nulls(obj[k])
+        obj[k] = _null_to_nan(obj[k], True)
     return obj
 
 
