@@ -2,7 +2,7 @@
 recorded provenance is true of the commit it names.
 
 ``card_history(slug)`` lists every change to a claim's decision (its check's threshold, comparison, test or
-units; its direction, headline flag, kind or modes) and to a mode's seeds made in a commit after the paper's
+units; its direction, headline flag, kind, modes or gates) and to a mode's seeds made in a commit after the paper's
 first committed result, and every change of a quick or full preset (the settings its committed results store), with the verdicts of the committed quick and full results just before the change and
 at the first result written at or after it. ``icml26 report`` renders it as each paper's "Card history";
 nobody writes it by hand.
@@ -133,7 +133,8 @@ def _decision(claim: Mapping[str, Any]) -> dict[str, str]:
         test, units, quantity = "(older grammar)", check, check.split(comparison)[0].strip() if m else check
     return {"threshold": threshold, "comparison": f"{quantity} {comparison}", "test": test, "units": units,
             "direction": str(claim.get("direction", "")), "headline": str(bool(claim.get("headline", False))),
-            "kind": str(claim.get("kind", "evidence")), "modes": ",".join(claim.get("modes", []) or ["all"])}
+            "kind": str(claim.get("kind", "evidence")), "modes": ",".join(claim.get("modes", []) or ["all"]),
+            "gates": ",".join(claim.get("gates", []))}
 
 
 def _looser(field: str, old: str, new: str, op: str) -> bool | None:
@@ -305,7 +306,7 @@ def render_card_history(changes: list[CardChange], first_result: str | None) -> 
         rows.append([f"`{sha[:10]}` {head.date}", claim, what, effect, verdicts,
                      head.subject[:140] + ("…" if len(head.subject) > 140 else "")])
     return ("Generated from git by `icml26 report`: every change to a claim's threshold, comparison, test, units, "
-            "direction, headline flag, kind or modes, and to a mode's seeds, made after this paper's first "
+            "direction, headline flag, kind, modes or gates (the claims a precondition gates), and to a mode's seeds, made after this paper's first "
             "committed result; the verdicts are those of the committed results just before the change and at "
             "the first result written at or after it. Rows `(preset, MODE)` are changes of a mode's preset "
             "(the settings its committed result stores), at the result commit that first ran it, with the "

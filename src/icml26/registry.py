@@ -102,6 +102,13 @@ class Claim:
     """why the check's threshold is the smallest effect that matters (chosen before the run)"""
     power_why: str = ""
     """headline only: why the full preset cannot reach power 0.8 at the minimum effect, where it cannot"""
+    gates: tuple[str, ...] = ()
+    """precondition only: the evidence claims whose premise it establishes (each is decidable only where it
+    holds). Empty: it gates the headline, as every precondition did before scoped gates existed"""
+
+    def gated(self, claim_id: str, headline_id: str) -> bool:
+        """Whether this precondition gates claim ``claim_id`` (``headline_id``: the card's headline)."""
+        return self.kind == "precondition" and claim_id in (self.gates or (headline_id,))
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,9 @@ def load_card(path: str | Path) -> Paper:
             raise CardError(f"{cw}: power_why must be a string")
         if power_why and not c.get("headline", False):
             raise CardError(f"{cw}: power_why belongs to the headline claim")
+        gates = _str_list(c, "gates", cw)
+        if gates and ckind != "precondition":
+            raise CardError(f"{cw}: gates belongs to a precondition (the claims whose premise it establishes)")
         if ckind in ("evidence", "precondition"):
             if not why.strip():
                 raise CardError(f"{cw}: an {ckind} claim needs min_effect_why: why its threshold is the "
@@ -273,7 +283,14 @@ def load_card(path: str | Path) -> Paper:
         claims.append(Claim(id=cid, text=_req(c, "text", str, cw), metric=_req(c, "metric", str, cw),
                             direction=direction, paper=pv, check=check, modes=claim_modes,
                             headline=bool(c.get("headline", False)), kind=ckind, min_effect_why=why.strip(),
-                            power_why=power_why.strip()))
+                            power_why=power_why.strip(), gates=gates))
+    by_id = {c.id: c for c in claims}
+    for c in claims:
+        for g in c.gates:
+            target = by_id.get(g)
+            if target is None or target.kind != "evidence" or g == c.id:
+                raise CardError(f"{where}: precondition {c.id!r} gates {g!r}, which is not an evidence claim of "
+                                "this card")
     if sum(c.headline for c in claims) > 1:
         raise CardError(f"{where}: at most one claim may set headline = true")
     if any(c.headline and c.kind != "evidence" for c in claims):

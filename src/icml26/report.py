@@ -130,7 +130,7 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
     card and source hashes must be those of that commit, and the card's decision fields then must equal the
     card's now.
     """
-    from .runner import claim_entry, headline_entry  # the runner imports this module lazily; avoid a cycle
+    from .runner import claim_entry, gated_entries, headline_entry  # the runner imports this lazily: no cycle
 
     out: list[str] = []
     regen = _regen(paper, mode)
@@ -175,6 +175,10 @@ def verify_result(paper: Paper, mode: str, data: Mapping[str, Any], path: Path |
     head = headline_entry(paper, data["claims"]) if paper.headline.id in card else None
     if head is not None and not _close(head, data.get("headline")):
         out.append(f"{path}: its headline entry does not follow from its claims ({data.get('headline')!r})")
+    gated = gated_entries(paper, data["claims"])
+    if gated != data.get("gated", {}):
+        out.append(f"{path}: its gated claims ({data.get('gated', {})!r}) do not follow from its claims and the "
+                   f"card's scoped preconditions ({gated!r}); rerun {regen}")
     leaks = {u: c for u, c in data.get("overlap", {}).items() if any(any(v) for v in c.values())}
     if leaks:
         out.append(f"{path}: test units overlap training or validation units {leaks}; rerun {regen}")
@@ -305,12 +309,14 @@ def render_index(papers: list[Paper]) -> str:
 
 
 def tally(data: Mapping[str, Any] | None) -> str:
-    """``"3 / 1 / 2"``: evidence claims that hold / are inconclusive / fail (sanity checks are not counted)."""
+    """``"3 / 1 / 2"``: evidence claims that hold / are inconclusive / fail (sanity checks are not counted, nor is
+    a claim a scoped precondition leaves not decidable)."""
     if data is None:
         return "—"
     counts = dict.fromkeys(VERDICTS, 0)
+    gated = data.get("gated", {})
     for c in data["claims"]:
-        if c["kind"] == "evidence":
+        if c["kind"] == "evidence" and gated.get(c["id"], {}).get("decidable", True):
             counts[c["verdict"]] += 1
     return " / ".join(str(counts[v]) for v in VERDICTS)
 
@@ -344,8 +350,7 @@ def _headline_cell(entry: Mapping[str, Any] | None, data: Mapping[str, Any] | No
     cell = _VERDICT_CELL[entry["verdict"]]
     head = data.get("headline")
     if head is not None and not head["decidable"]:
-        pending = ", ".join(f"{k} {v}" for k, v in head["preconditions"].items() if v != "holds")
-        cell = f"not decidable in this world ({pending}); measured: {cell}"
+        cell = f"{_gate_text(head)}; measured: {cell}"
     if data["rules"] < RULES and not current_rules_agree(data):
         cell += f" (verdicts v{data['rules']}, to be regenerated)"
     return cell
@@ -438,19 +443,31 @@ def render_summary(papers: list[Paper], loaded: Mapping[str, Mapping[str, Any]])
         "*inconclusive* otherwise (`icml26.common.claims`); the seed is a training run and its units are "
         "counted as a cluster, each distinct unit once. Full mode decides; quick runs other seeds and checks "
         "the pipeline (its power, from its own variance, is beside it). A headline is *not decidable in this "
-        "world* unless every precondition of its mode holds. Sanity checks (true by construction) and "
+        "world* unless every precondition of its mode that gates it holds; a precondition that names the claims "
+        "it gates (the premise of those claims only) leaves them out of the tallies where it does not hold. "
+        "Sanity checks (true by construction) and "
         "preconditions are shown in the papers' READMEs and not counted. \"(verdicts vN, to be regenerated)\" "
         "marks a result decided by earlier rules that the current ones decide differently (`icml26.common.claims` "
         "lists what each version changed).")
 
 
+def _gate_text(gate: Mapping[str, Any]) -> str:
+    """``"not decidable in this world (oracle inconclusive)"``: the preconditions that do not hold."""
+    pending = ", ".join(f"{k} {v}" for k, v in gate["preconditions"].items() if v != "holds")
+    return f"not decidable in this world ({pending})"
+
+
 def render_claims(data: Mapping[str, Any]) -> str:
     rows = []
+    gated = data.get("gated", {})
     for c in data["claims"]:
+        verdict = _VERDICT_CELL[c["verdict"]]
+        if c["id"] in gated and not gated[c["id"]]["decidable"]:
+            verdict = f"{_gate_text(gated[c['id']])}; measured: {verdict}"
         rows.append([
             c["id"] + (f" ({c['kind']})" if c["kind"] != "evidence" else ""), c["text"],
             f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
-            c["ours"], _VERDICT_CELL[c["verdict"]],
+            c["ours"], verdict,
             f"`{c['check']}`: {c['test']}; {c['units']}",
             c["min_effect_why"] or "—", " ".join(c.get("notes", [])) or ""])
     return markdown_table(["claim", "statement", "paper", "ours [one-sided 95 % bounds]", "verdict",

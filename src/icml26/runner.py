@@ -126,13 +126,31 @@ def decide_claim(paper: Paper, claim: Claim, arms: dict[str, Any], runs: Sequenc
 
 
 def headline_entry(paper: Paper, claims: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The headline's verdict and whether this world can decide it: every precondition of the mode holds."""
+    """The headline's verdict and whether this world can decide it: every precondition of the mode that gates
+    it (those without ``gates``, and any naming it) holds."""
     head = next((c for c in claims if c["id"] == paper.headline.id), None)
     if head is None:
         return None
-    pre = {c["id"]: c["verdict"] for c in claims if c["kind"] == "precondition"}
+    gating = {c.id for c in paper.claims if c.gated(head["id"], paper.headline.id)}
+    pre = {c["id"]: c["verdict"] for c in claims if c["kind"] == "precondition" and c["id"] in gating}
     return {"id": head["id"], "verdict": head["verdict"], "preconditions": pre,
             "decidable": all(v == "holds" for v in pre.values())}
+
+
+def gated_entries(paper: Paper, claims: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{claim id: {"preconditions": {id: verdict}, "decidable": bool}}`` for every evidence claim of the result,
+    other than the headline, that a scoped precondition (one with ``gates``) names: decidable only where each of
+    them holds; a precondition not run in this mode reads ``"not run"``. Empty for a card without scoped gates
+    (its result then has no ``gated`` entry)."""
+    verdicts = {c["id"]: c["verdict"] for c in claims}
+    out: dict[str, dict[str, Any]] = {}
+    for cid in verdicts:
+        if cid == paper.headline.id:
+            continue
+        pre = {c.id: verdicts.get(c.id, "not run") for c in paper.claims if c.gates and cid in c.gates}
+        if pre:
+            out[cid] = {"preconditions": pre, "decidable": all(v == "holds" for v in pre.values())}
+    return out
 
 
 def _assemble(paper: Paper, mode: str, seeds: Sequence[int], cfg: Any, runs: Sequence[SeedRun],
@@ -157,6 +175,9 @@ def _assemble(paper: Paper, mode: str, seeds: Sequence[int], cfg: Any, runs: Seq
     head = headline_entry(paper, claims)
     if head is not None:
         out["headline"] = head
+    gated = gated_entries(paper, claims)
+    if gated:
+        out["gated"] = gated
     return out
 
 

@@ -14,7 +14,8 @@
      "rules": 4,
      "unit_ids": {UNIT: [[id per unit] per seed]},            # what each unit is (prompt hash, episode, ...)
      "overlap":  {UNIT: {"train": [n per seed], "validation": [n per seed]}},   # test ids also used there
-     "headline": {"id", "verdict", "decidable", "preconditions": {id: verdict}}}
+     "headline": {"id", "verdict", "decidable", "preconditions": {id: verdict}},
+     "gated": {claim id: {"decidable", "preconditions": {id: verdict}}}}  # only with scoped preconditions
 
 A v3 claim entry also holds ``direction``, ``headline`` and ``design`` (distinct runs and units, the design
 effect). Non-finite numbers are written as ``null`` (strict JSON) and read back as NaN.
@@ -330,6 +331,10 @@ def _validate_v3(data: Mapping[str, Any]) -> None:
     if head is not None and not (isinstance(head, Mapping) and {"id", "verdict", "decidable", "preconditions"}
                                  <= set(head)):
         raise ResultSchemaError("headline must hold id, verdict, decidable and preconditions")
+    gated = data.get("gated", {})
+    if not isinstance(gated, Mapping) or not all(
+            isinstance(g, Mapping) and {"decidable", "preconditions"} <= set(g) for g in gated.values()):
+        raise ResultSchemaError("gated must map claim ids to {decidable, preconditions}")
 
 
 def _json_default(obj: Any) -> Any:
