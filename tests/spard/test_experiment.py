@@ -310,3 +310,49 @@ def test_harmful_outcomes_scores_each_response_by_three_judges(monkeypatch):
     assert strict == [1.0, 0.0, 0.0, 0.0]         # only the requested topic's key
     assert learned == [1.0, 0.0, 0.0, 1.0] == [float(y) for y in clf.predict(responses)]
     assert E.harmful_outcomes(None, None, TieredJudge(world), prompts, 8)[2] == []
+
+
+def test_selection_world_trains_on_its_own_draw_and_judges_its_own_prompts(monkeypatch):
+    """The ``*_sel`` arms (issue #51 item 5): SPAG at the tuned tau scale on the ``selection_attack`` draw, with DPP,
+    random and oracle safety data of that attack's pool, judged on that attack's 240 test prompts (units
+    ``prompts_sel``, held out from every training and validation prompt)."""
+    import icml26.spard.experiment as E
+
+    cfg = dataclasses.replace(PRESETS["smoke"], **TINY, arms=("aligned", "spard", *E.SELECTION_ARMS))
+    assert cfg.selection_attack == "cyber_q" != cfg.attack
+    world = make_world(cfg.lab_seed)
+    real_select, real_train, real_outcomes = E.select_safety, E.train, E.harmful_outcomes
+    selected, trained, judged = [], [], []
+
+    def select(c, *args):
+        out = real_select(c, *args)
+        selected.append((c.attack, args[-2], out[1]["relevant_share"]))
+        return out
+
+    def train(c, base, tok, data, defence, seed):
+        trained.append(({s.dataset for s in data if s.kind != "utility"}, defence.kind, defence.tau_scale))
+        return real_train(c, base, tok, data, defence, seed)
+
+    def outcomes(model, tok, judge, prompts, *args):
+        judged.append(prompts)
+        return real_outcomes(model, tok, judge, prompts, *args)
+
+    real_tune = E.tune
+    monkeypatch.setattr(E, "tune", lambda *a: {**real_tune(*a), "tau_scale": 0.25})
+    monkeypatch.setattr(E, "select_safety", select)
+    monkeypatch.setattr(E, "train", train)
+    monkeypatch.setattr(E, "harmful_outcomes", outcomes)
+    out = run(cfg)
+    sel = [(a, m) for a, m, _ in selected if a == "cyber_q"]
+    assert sel == [("cyber_q", "dpp"), ("cyber_q", "random"), ("cyber_q", "oracle")]
+    assert [s for a, m, s in selected if a == "cyber_q" and m == "oracle"] == [1.0]
+    # spard on the headline's draw, then the three selection arms on the cyber_q draw, all at the tuned scale
+    assert trained[0][0] == {cfg.attack} and [t[0] for t in trained[1:]] == [{"cyber_q"}] * 3
+    assert {(t[1], t[2]) for t in trained} == {("spag", 0.25)}
+    cyber = [s.prompt for s in world.test["cyber_q"]]
+    crime = [s.prompt for s in world.test[cfg.attack]]
+    assert judged == [crime, crime, cyber, cyber, cyber]  # aligned and spard, then the selection arms
+    assert sorted(out.units["prompts_sel"]) == sorted(E.SELECTION_ARMS)
+    assert out.unit_ids["prompts_sel"] == [text_id(p) for p in cyber]
+    assert out.overlap()["prompts_sel"] == {"train": 0, "validation": 0}
+    assert out.metrics["spag_oracle_sel"]["relevant_share"] == 1.0

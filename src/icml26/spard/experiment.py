@@ -106,13 +106,17 @@ from .selection import RandomSelector, RelevanceDiversityDPPSelector, mean_last_
 
 ARMS = ("aligned", "clean_sft", "sft", "sft_mix_random", "sft_mix_dpp", "sft_mix_dpp_default", "lisa",
         "lisa_default", "spard", "spard_default", "spag_polyak", "spag_random", "spag_oracle", "vaccine",
-        "vaccine_default", "safelora", "safelora_default")
+        "vaccine_default", "safelora", "safelora_default", "spard_sel", "spag_random_sel", "spag_oracle_sel")
+#: the selection world (issue #51 item 5): SPAG with DPP, random and oracle safety data against the attack on
+#: ``Config.selection_attack``, judged on that dataset's test prompts (units ``prompts_sel``); full only
+SELECTION_ARMS = {"spard_sel": "dpp", "spag_random_sel": "random", "spag_oracle_sel": "oracle"}
 #: the arms at the paper's (or the peer's) default constant, each beside its tuned arm (issue #51 item 2)
 DEFAULT_ARMS = {"sft_mix_dpp_default": ("sft_mix_dpp", "mix_exposure"), "lisa_default": ("lisa", "lisa_rho"),
                 "spard_default": ("spard", "tau_scale"), "vaccine_default": ("vaccine", "vaccine_rho"),
                 "safelora_default": ("safelora", "safelora_threshold")}
-#: the quick preset leaves out the two reference arms that no claim names (the full preset runs them)
-QUICK_ARMS = tuple(a for a in ARMS if a not in ("clean_sft", "spag_oracle"))
+#: the quick preset leaves out the two reference arms that no claim names and the selection world's arms, whose
+#: claims are full-only (the full preset runs them)
+QUICK_ARMS = tuple(a for a in ARMS if a not in ("clean_sft", "spag_oracle", *SELECTION_ARMS))
 #: the paper's README defaults of SPAG: tau, delta, alpha_max (eta_safe)
 PAPER_TAU, PAPER_TOLERANCE, PAPER_ALPHA_MAX = 0.2, 0.1, 1.0
 
@@ -127,6 +131,9 @@ class Config:
     """seed of the world (keys, splits) and of the pretrained / aligned models (cached)"""
     attack: str = "crime_i"
     """attack dataset: "<source>_<style>" with source crime|cyber, style q|i"""
+    selection_attack: str = "cyber_q"
+    """attack dataset of the selection world (the ``*_sel`` arms): where the selection pilot found that a perfect
+    selector beats random selection (``results/spard/selection_pilot.json``), stated before the run"""
     hidden: int = 64
     """width of the tiny Llama (intermediate 4x, 4 heads, 2 KV heads)"""
     layers: int = 2
@@ -682,8 +689,14 @@ def run(cfg: Config) -> SeedRun:
     benign = benign_requests(cfg, world)
     other_prompts = [s.prompt for d in DATASETS if d != cfg.attack for s in world.test[d]]
     problems = held_out_problems(cfg, world, ft)
+    sel_cfg = dataclasses.replace(cfg, attack=cfg.selection_attack)
+    ft_sel = finetune_set(sel_cfg, world, cfg.seed)
+    if {s.prompt for s in ft_sel if s.kind == "utility"} != {s.prompt for s in ft if s.kind == "utility"}:
+        raise AssertionError("the selection world's fine-tuning additions differ from the seed's")
+    sel_prompts = [s.prompt for s in world.test[sel_cfg.attack]]
 
     per_prompt: dict[str, dict[str, list[float]]] = {}
+    per_sel: dict[str, dict[str, list[float]]] = {}
     per_problem: dict[str, dict[str, list[float]]] = {}
     per_benign: dict[str, dict[str, list[float]]] = {}
     metrics: dict[str, dict[str, float]] = {}
@@ -725,6 +738,7 @@ def run(cfg: Config) -> SeedRun:
     }
     defaults = {"mix_exposure": cfg.mix_exposures[0], "lisa_rho": cfg.lisa_rhos[0], "tau_scale": cfg.tau_scales[0],
                 "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0]}
+    sel_safety: dict[str, list[Sample]] = {}
     for arm in progress([a for a in ARMS if a in cfg.arms], desc=f"spard seed {cfg.seed}"):
         tuned, knob = DEFAULT_ARMS.get(arm, (None, None))
         if tuned in per_prompt and hp[knob] == defaults[knob]:
@@ -754,6 +768,15 @@ def run(cfg: Config) -> SeedRun:
                 "safelora_threshold"] if arm == "safelora" else defaults["safelora_threshold"])
             record(arm, model, {"train_s": time.process_time() - t0, "triggered": [], "safety_loss": []})
             metrics[arm]["projected_layers"] = info["projected"]
+        elif arm in SELECTION_ARMS:  # the same SPAG as spard (tau scale tuned on the headline's world)
+            safe, sel = select_safety(sel_cfg, aligned, tok, world, ft_sel, SELECTION_ARMS[arm], cfg.seed)
+            model, stats = train(cfg, aligned, tok, ft_sel, Defence("spag", safe, "official", hp["tau_scale"]),
+                                 cfg.seed)
+            asr, strict, learned = harmful_outcomes(model, tok, judge, sel_prompts, cfg.max_new_tokens, clf)
+            per_sel[arm] = {"asr": asr, "asr_strict": strict, "asr_classifier": learned}
+            metrics[arm] = {"train_s": float(stats["train_s"]), "relevant_share": sel["relevant_share"],
+                            "safety_k": sel["k"]}
+            sel_safety[arm] = safe
     for arm in ("spard", "spard_default", "spag_polyak", "spag_random", "spag_oracle", "lisa", "lisa_default",
                 "sft_mix_dpp", "sft_mix_dpp_default", "sft_mix_random"):
         if arm in metrics:
@@ -768,21 +791,24 @@ def run(cfg: Config) -> SeedRun:
     uses = {"sft_mix_dpp": safe_dpp, "sft_mix_dpp_default": safe_dpp, "lisa": safe_dpp, "lisa_default": safe_dpp,
             "spard": safe_dpp, "spard_default": safe_dpp, "spag_polyak": safe_dpp, "sft_mix_random": safe_rand,
             "spag_random": safe_rand, "spag_oracle": safe_oracle}
-    safety = [safe for arm, safe in uses.items() if arm in cfg.arms]
+    safety = [safe for arm, safe in uses.items() if arm in cfg.arms] + list(sel_safety.values())
     edges = sorted(k[:-len("_at_edge")] for k, v in hp.items() if k.endswith("_at_edge") and v)
     notes = {"asr_vs_sft": "tuned constants still on an edge of their grid after its extensions (the optimum may lie "
              "beyond): " + ", ".join(f"{k} = {hp[k]:g}" for k in edges)} if edges else {}
-    return SeedRun(metrics, series=series, notes=notes,
-                   units={"prompts": per_prompt, "problems": per_problem, "benign": per_benign},
-                   unit_ids={"prompts": [text_id(p) for p in test_prompts],
-                             "problems": [text_id(s.prompt) for s in problems],
-                             "benign": [text_id(s.prompt) for s in benign]},
-                   held_out=held_out_ids(cfg, world, ft, safety))
+    units = {"prompts": per_prompt, "problems": per_problem, "benign": per_benign}
+    unit_ids = {"prompts": [text_id(p) for p in test_prompts], "problems": [text_id(s.prompt) for s in problems],
+                "benign": [text_id(s.prompt) for s in benign]}
+    held_out = held_out_ids(cfg, world, ft + ft_sel if per_sel else ft, safety)
+    if per_sel:
+        units["prompts_sel"] = per_sel
+        unit_ids["prompts_sel"] = [text_id(p) for p in sel_prompts]
+        held_out["prompts_sel"] = held_out["prompts"]
+    return SeedRun(metrics, series=series, notes=notes, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
     """ASR and utility per arm (mean over seeds), and the SPAG arms' safety loss against steps."""
-    arms = [a for a in ARMS if a in result["arms"]]
+    arms = [a for a in ARMS if a in result["arms"] and a not in SELECTION_ARMS]
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 3.6))
     asr = [result["arms"][a]["asr"]["mean"] for a in arms]
     util = [result["arms"][a]["utility"]["mean"] for a in arms]
