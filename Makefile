@@ -57,8 +57,10 @@ system-deps:
 	    || echo "warning: could not install$$missing; papers that need them will say so"; \
 	else echo "note: Debian packages missing:$$missing (apt-get install -y$$missing); papers that need them will say so"; fi
 
+# One pytest worker per core (pytest-xdist; each worker keeps one torch thread, OMP_NUM_THREADS above); the
+# tests are split evenly, and a worker that runs out takes queued tests from the other (--dist worksteal).
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 	$(VENV)/bin/icml26 report --check
 
 reproduce: $(STAMP)
