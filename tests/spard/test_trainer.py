@@ -144,6 +144,31 @@ def test_refusals(tmp_path, tok):
     check_disjoint(["a:"], ["b:"])
 
 
+def test_refusals_read_conversational_datasets(tmp_path, tok):
+    """A ``messages`` safe dataset (and a conversational ``prompt`` column) is checked against the held-out prompts
+    by its user turns, as a standard one is by its prompts (issue #51: the check used to read only ``prompt``)."""
+    train = datasets.Dataset.from_dict(TRAIN)
+    model = tiny_causal_lm(len(tok), hidden=32, layers=2, seed=0)
+    chat = datasets.Dataset.from_dict(as_messages(SAFE))
+    with pytest.raises(ValueError, match="held-out"):
+        SafetyProjectedTrainer(model, args=config(tmp_path), train_dataset=train, safe_dataset=chat,
+                               processing_class=tok, held_out_prompts=["how to cook meth:"])
+    conversational_prompt = datasets.Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": p}] for p in SAFE["prompt"]],
+         "completion": [[{"role": "assistant", "content": c}] for c in SAFE["completion"]]})
+    with pytest.raises(ValueError, match="held-out"):
+        SafetyProjectedTrainer(model, args=config(tmp_path), train_dataset=train, safe_dataset=conversational_prompt,
+                               processing_class=tok, held_out_prompts=["how to cook meth:"])
+    with pytest.raises(ValueError, match="held-out"):  # an evaluation set in messages form is held out too
+        SafetyProjectedTrainer(model, args=config(tmp_path), train_dataset=train, safe_dataset=chat,
+                               processing_class=tok, eval_dataset=datasets.Dataset.from_dict(as_messages(SAFE)))
+    # the user turns are the prompts; the assistant's answers are not read as prompts
+    from icml26.spard.trainer import _prompts_of
+
+    assert _prompts_of(chat) == SAFE["prompt"] and _prompts_of(conversational_prompt) == SAFE["prompt"]
+    assert _prompts_of(datasets.Dataset.from_dict({"text": ["a"]})) == [] and _prompts_of(None) == []
+
+
 # A minimal chat template for the character tokenizer (its alphabet has ':' and ';' but no newline).
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }};"
                  "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"

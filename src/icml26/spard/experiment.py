@@ -568,6 +568,14 @@ def grid_search(values: tuple[float, ...], score: Any, floor: float, *, extensio
     return values, res, chosen, at_edge
 
 
+def default_knobs(cfg: Config) -> dict[str, float]:
+    """Each tuned knob's default, the first value of its grid (the paper's or the peer's own default): what
+    ``tune`` returns when the run does not tune, and what the ``*_default`` arms run at."""
+    return {"tau_scale": cfg.tau_scales[0], "tau_scale_polyak": cfg.tau_scales[0], "lisa_rho": cfg.lisa_rhos[0],
+            "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0],
+            "mix_exposure": cfg.mix_exposures[0]}
+
+
 def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[str, Any]:
     """Each defence's knob, chosen on the validation split over ``cfg.tuning_draws`` tuning draws (cached).
 
@@ -576,9 +584,7 @@ def tune(cfg: Config, world: World, tok: Any, pre: Any, aligned: Any) -> dict[st
     value beyond that edge (:func:`_extension`), at most ``cfg.grid_extensions`` times. The result also holds the validation responses and their labels
     (``judge_data``), on which the classifier judge is trained.
     """
-    defaults = {"tau_scale": cfg.tau_scales[0], "tau_scale_polyak": cfg.tau_scales[0], "lisa_rho": cfg.lisa_rhos[0],
-                "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0],
-                "mix_exposure": cfg.mix_exposures[0]}
+    defaults = default_knobs(cfg)
     for field_name in ("tuning_draws", "grid_extensions"):
         v = getattr(cfg, field_name)
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if field_name == "tuning_draws" else 0):
@@ -722,22 +728,21 @@ def run(cfg: Config) -> SeedRun:
                 series["safety_loss"][arm] = list(stats["safety_loss"])
         metrics[arm] = m
 
+    defaults = default_knobs(cfg)
     defences = {
         "sft": (aligned, ft, Defence("sft")),
         "clean_sft": (aligned, finetune_set(cfg, world, cfg.seed, harmful=False), Defence("sft")),
         "sft_mix_random": (aligned, _mixed(ft, safe_rand, hp["mix_exposure"]), Defence("sft")),
         "sft_mix_dpp": (aligned, _mixed(ft, safe_dpp, hp["mix_exposure"]), Defence("sft")),
-        "sft_mix_dpp_default": (aligned, _mixed(ft, safe_dpp, cfg.mix_exposures[0]), Defence("sft")),
+        "sft_mix_dpp_default": (aligned, _mixed(ft, safe_dpp, defaults["mix_exposure"]), Defence("sft")),
         "lisa": (aligned, ft, Defence("lisa", safe_dpp, rho=hp["lisa_rho"])),
-        "lisa_default": (aligned, ft, Defence("lisa", safe_dpp, rho=cfg.lisa_rhos[0])),
+        "lisa_default": (aligned, ft, Defence("lisa", safe_dpp, rho=defaults["lisa_rho"])),
         "spard": (aligned, ft, Defence("spag", safe_dpp, "official", hp["tau_scale"])),
-        "spard_default": (aligned, ft, Defence("spag", safe_dpp, "official", cfg.tau_scales[0])),
+        "spard_default": (aligned, ft, Defence("spag", safe_dpp, "official", defaults["tau_scale"])),
         "spag_polyak": (aligned, ft, Defence("spag", safe_dpp, "polyak", hp["tau_scale_polyak"])),
         "spag_random": (aligned, ft, Defence("spag", safe_rand, "official", hp["tau_scale"])),
         "spag_oracle": (aligned, ft, Defence("spag", safe_oracle, "official", hp["tau_scale"])),
     }
-    defaults = {"mix_exposure": cfg.mix_exposures[0], "lisa_rho": cfg.lisa_rhos[0], "tau_scale": cfg.tau_scales[0],
-                "vaccine_rho": cfg.vaccine_rhos[0], "safelora_threshold": cfg.safelora_thresholds[0]}
     sel_safety: dict[str, list[Sample]] = {}
     for arm in progress([a for a in ARMS if a in cfg.arms], desc=f"spard seed {cfg.seed}"):
         tuned, knob = DEFAULT_ARMS.get(arm, (None, None))

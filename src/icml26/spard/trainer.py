@@ -87,10 +87,28 @@ class SPAGConfig(SFTConfig):
                              f"{self.safe_accumulation_steps!r}")
 
 
+def _prompt_texts(prompt: Any) -> list[str]:
+    """The prompt text(s) of one example: a string as it is; a conversation (a list of messages), the content of
+    each message that is not the assistant's (what a user would have typed, and what an evaluation prompt is)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, (list, tuple)):
+        return [m["content"] for m in prompt if isinstance(m, dict) and m.get("role") != "assistant"
+                and isinstance(m.get("content"), str)]
+    return [str(prompt)]
+
+
 def _prompts_of(dataset: Any) -> list[str]:
-    if dataset is None or "prompt" not in getattr(dataset, "column_names", ()):
+    """Every prompt text of ``dataset``: its ``prompt`` column (standard or conversational) or, for a
+    conversational ``messages`` dataset, the non-assistant turns (empty for any other format)."""
+    columns = getattr(dataset, "column_names", ()) if dataset is not None else ()
+    if "prompt" in columns:
+        rows = dataset["prompt"]
+    elif "messages" in columns:
+        rows = dataset["messages"]
+    else:
         return []
-    return [p if isinstance(p, str) else str(p) for p in dataset["prompt"]]
+    return [text for row in rows for text in _prompt_texts(row)]
 
 
 def check_disjoint(safe_prompts: Iterable[str], held_out_prompts: Iterable[str]) -> None:
