@@ -16,7 +16,7 @@ from icml26.report import tally, update
 from icml26.runner import gated_entries, headline_entry, run_paper
 
 from .helpers import DEMO_CARD, demo_experiment, write_demo_card
-from .test_report import CLEAN_ENV, PAPER_README
+from .test_report import CLEAN_ENV, _demo_project
 
 ROOM = """
 [[claims]]
@@ -86,15 +86,8 @@ def test_a_gate_not_run_in_the_mode_leaves_its_claims_not_decidable(tmp_path):
 
 def test_report_shows_and_checks_the_gate(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "environment", lambda: dict(CLEAN_ENV))
-    root = tmp_path / "proj"
-    root.mkdir()
-    (root / "pyproject.toml").write_text('[project]\nname = "icml26"\n')
-    from .conftest import ROOT
-
-    (root / "README.md").write_text((ROOT / "README.md").read_text())
+    root, _ = _demo_project(tmp_path)
     paper = write_demo_card(root, _card())
-    (paper.folder / "README.md").write_text(PAPER_README)
-    (paper.folder / "experiment.py").write_text("GAP = 0.1\n")
     for mode in ("quick", "full"):
         run_paper(paper, mode=mode, out_dir=root / "results", experiment=demo_experiment(), show_progress=False)
     assert update(root, papers=[paper]).problems == []
