@@ -92,7 +92,7 @@ def test_report_shows_and_checks_the_gate(tmp_path, monkeypatch):
         run_paper(paper, mode=mode, out_dir=root / "results", experiment=demo_experiment(), show_progress=False)
     assert update(root, papers=[paper]).problems == []
     text = (paper.folder / "README.md").read_text()
-    assert "not decidable in this world (room fails); measured:" in text
+    assert "not decidable in this world (room fails); measured:" in text and "room (precondition; gates items)" in text
     assert update(root, papers=[paper], check=True).ok
     path = root / "results" / "demo" / "quick.json"
     data = json.loads(path.read_text())

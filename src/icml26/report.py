@@ -464,8 +464,9 @@ def render_claims(data: Mapping[str, Any]) -> str:
         verdict = _VERDICT_CELL[c["verdict"]]
         if c["id"] in gated and not gated[c["id"]]["decidable"]:
             verdict = f"{_gate_text(gated[c['id']])}; measured: {verdict}"
+        kind = c["kind"] + "".join(f"; gates {g}" for g, e in gated.items() if c["id"] in e["preconditions"])
         rows.append([
-            c["id"] + (f" ({c['kind']})" if c["kind"] != "evidence" else ""), c["text"],
+            c["id"] + (f" ({kind})" if c["kind"] != "evidence" else ""), c["text"],
             f"{c['paper']['value']} ({c['paper']['where']}; {c['paper']['scale']})",
             c["ours"], verdict,
             f"`{c['check']}`: {c['test']}; {c['units']}",
