@@ -57,10 +57,13 @@ system-deps:
 	    || echo "warning: could not install$$missing; papers that need them will say so"; \
 	else echo "note: Debian packages missing:$$missing (apt-get install -y$$missing); papers that need them will say so"; fi
 
-# One pytest worker per core (pytest-xdist; each worker keeps one torch thread, OMP_NUM_THREADS above); the
-# tests are split evenly, and a worker that runs out takes queued tests from the other (--dist worksteal).
+# One pytest worker per core this process may use (pytest-xdist; each worker keeps one torch thread,
+# OMP_NUM_THREADS above), at most 4 (a worker holds up to about 1 GB); the tests are split evenly, and a worker
+# that runs out takes queued tests from another (--dist worksteal). `nproc` is not used: it reads OMP_NUM_THREADS.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))" 2>/dev/null || echo 2)
+
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist worksteal
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 	$(VENV)/bin/icml26 report --check
 
 reproduce: $(STAMP)
