@@ -147,7 +147,7 @@ def gated_entries(paper: Paper, claims: Sequence[dict[str, Any]]) -> dict[str, d
     for cid in verdicts:
         if cid == paper.headline.id:
             continue
-        pre = {c.id: verdicts.get(c.id, "not run") for c in paper.claims if c.gates and cid in c.gates}
+        pre = {c.id: verdicts.get(c.id, "not run") for c in paper.claims if c.gated(cid, paper.headline.id)}
         if pre:
             out[cid] = {"preconditions": pre, "decidable": all(v == "holds" for v in pre.values())}
     return out
