@@ -21,13 +21,25 @@ the first candidate whose mean aligned accuracy is at most 0.2 and whose mean ``
 decide; no defence, no attack and no ASR is run or read here (choosing the task by how a defence fares would tune
 the world to a verdict).
 
+**Stage 1's outcome** (``results/spard/utility_pilot.json``, stage ``steps_60``): no candidate qualified at the
+presets' 60 steps (``comma_sum`` reached about half the validation items, ``difference`` almost none), so by the
+rule above the world keeps addition at 60 steps.
+
+**Stage 2, written after stage 1's outcome and before stage 2 ran.** The same measurement for ``comma_sum`` alone
+(the candidate that learns) at 120 and then 240 fine-tuning steps, every other setting as above. If the aligned
+accuracy is at most 0.2 and ``clean_sft`` reaches 0.8 at one of them, the smallest such budget is the one a next
+revision may adopt for *every* arm (the steps are shared), stated before its run with its cost in run time; if
+neither qualifies, the world keeps addition.
+
 Run (a few minutes on one core; writes ``results/spard/utility_pilot.json``)::
 
-    .venv/bin/python scripts/spard_utility_pilot.py
+    .venv/bin/python scripts/spard_utility_pilot.py            # stage 1
+    .venv/bin/python scripts/spard_utility_pilot.py --stage2   # stage 2
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
@@ -66,15 +78,10 @@ def accuracy(model, tok, items: list[Sample]) -> float:
     return float(np.mean([r.strip() == s.completion for s, r in zip(items, responses, strict=True)]))
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    t0 = time.time()
-    cfg = PRESETS["full"]
-    world = make_world(cfg.lab_seed)
-    tok, _, aligned = lab_models(cfg, world)
-    out: dict = {"rule": {"min_clean_sft": MIN_CLEAN, "max_aligned": MAX_ALIGNED, "draws": list(DRAWS),
-                          "order": list(CANDIDATES)}, "candidates": {}}
-    for name, make in CANDIDATES.items():
+def stage(cfg, tok, aligned, candidates: dict) -> dict:
+    """One stage: every candidate in ``candidates`` at ``cfg.steps``, scored by the rule."""
+    out: dict = {"steps": cfg.steps, "candidates": {}}
+    for name, make in candidates.items():
         rows = []
         for draw in DRAWS:
             rng = np.random.default_rng([draw, 7])
@@ -85,13 +92,39 @@ def main() -> None:
             model, _ = train(dataclasses.replace(cfg), aligned, tok, data, Defence("sft"), draw)
             rows.append({"draw": draw, "aligned": accuracy(aligned, tok, val), "clean_sft": accuracy(model, tok, val),
                          "n_val": len(val)})
-            print(name, rows[-1], flush=True)
+            print(cfg.steps, name, rows[-1], flush=True)
         mean = {k: float(np.mean([r[k] for r in rows])) for k in ("aligned", "clean_sft")}
         out["candidates"][name] = {"draws": rows, "mean": mean,
                                    "qualifies": mean["aligned"] <= MAX_ALIGNED and mean["clean_sft"] >= MIN_CLEAN}
     out["chosen"] = next((n for n, c in out["candidates"].items() if c["qualifies"]), None)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage2", action="store_true", help="comma_sum at 120, then 240 steps (stage 2)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.time()
+    cfg = PRESETS["full"]
+    world = make_world(cfg.lab_seed)
+    tok, _, aligned = lab_models(cfg, world)
+    path = ROOT / "results" / "spard" / "utility_pilot.json"
+    out: dict = json.loads(path.read_text()) if args.stage2 else {}
+    out["rule"] = {"min_clean_sft": MIN_CLEAN, "max_aligned": MAX_ALIGNED, "draws": list(DRAWS),
+                   "order": list(CANDIDATES), "stage2_steps": [120, 240]}
+    if not args.stage2:
+        out["stages"] = {"steps_60": stage(cfg, tok, aligned, CANDIDATES)}
+    else:
+        for steps in (120, 240):
+            res = stage(dataclasses.replace(cfg, steps=steps), tok, aligned, {"comma_sum": comma_sum})
+            out["stages"][f"steps_{steps}"] = res
+            if res["chosen"]:
+                break
+    out["chosen"] = next(({"task": s["chosen"], "steps": s["steps"]} for s in out["stages"].values()
+                          if s["chosen"]), None)
     out["provenance"] = {"git": git_revision(), "wall_s": round(time.time() - t0, 1)}
-    atomic_write_text(ROOT / "results" / "spard" / "utility_pilot.json", json.dumps(out, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(out, indent=2) + "\n")
     print("chosen:", out["chosen"])
 
 
