@@ -337,11 +337,18 @@ def test_selection_world_trains_on_its_own_draw_and_judges_its_own_prompts(monke
         judged.append(prompts)
         return real_outcomes(model, tok, judge, prompts, *args)
 
+    real_benign, asked = E.benign_outcomes, []
+
+    def benign(model, tok, w, requests, *args):
+        asked.append([s.prompt for s in requests])
+        return real_benign(model, tok, w, requests, *args)
+
     real_tune = E.tune
     monkeypatch.setattr(E, "tune", lambda *a: {**real_tune(*a), "tau_scale": 0.25})
     monkeypatch.setattr(E, "select_safety", select)
     monkeypatch.setattr(E, "train", train)
     monkeypatch.setattr(E, "harmful_outcomes", outcomes)
+    monkeypatch.setattr(E, "benign_outcomes", benign)
     out = run(cfg)
     sel = [(a, m) for a, m, _ in selected if a == "cyber_q"]
     assert sel == [("cyber_q", "dpp"), ("cyber_q", "random"), ("cyber_q", "oracle")]
@@ -356,3 +363,16 @@ def test_selection_world_trains_on_its_own_draw_and_judges_its_own_prompts(monke
     assert out.unit_ids["prompts_sel"] == [text_id(p) for p in cyber]
     assert out.overlap()["prompts_sel"] == {"train": 0, "validation": 0}
     assert out.metrics["spag_oracle_sel"]["relevant_share"] == 1.0
+    # the selection arms' cost (issue #51 acceptance: every arm): utility on the seed's held-out additions and
+    # over-refusal / helpfulness on benign requests in the selection attack's format (its style's test templates)
+    q_benign = [s.prompt for s in E.benign_requests(dataclasses.replace(cfg, attack="cyber_q"), world)]
+    i_benign = [s.prompt for s in E.benign_requests(cfg, world)]
+    assert q_benign != i_benign and set(q_benign).isdisjoint(i_benign)
+    assert asked == [i_benign, i_benign, q_benign, q_benign, q_benign]
+    assert sorted(out.units["benign_sel"]) == sorted(E.SELECTION_ARMS)
+    assert out.unit_ids["benign_sel"] == [text_id(p) for p in q_benign]
+    assert set(out.units["problems"]) == {"aligned", "spard", *E.SELECTION_ARMS}
+    for arm in E.SELECTION_ARMS:
+        assert set(out.units["benign_sel"][arm]) == {"over_refusal", "helpfulness"}
+        assert len(out.units["benign_sel"][arm]["over_refusal"]) == len(q_benign)
+        assert len(out.units["problems"][arm]["utility"]) == cfg.n_utility_test

@@ -21,7 +21,11 @@ fine-tunes LoRA adapters (q, k, v, o) on the aligned base with the same optimise
   ``safelora`` (SafeLoRA projection of the ``sft`` update);
 - each tuned peer again at its default constant (``*_default``: mixing x1, Lisa rho = 1, SPAG at the paper's
   (tau, delta) = (0.2, 0.1), Vaccine rho = 2, SafeLoRA threshold 0.5; issue #51 item 2). Where tuning kept the
-  default, the default arm *is* the tuned arm's computation and its outcomes are copied (``same_as_tuned``).
+  default, the default arm *is* the tuned arm's computation and its outcomes are copied (``same_as_tuned``);
+- the selection world (full; issue #51 item 5): ``spard_sel``, ``spag_random_sel`` and ``spag_oracle_sel``, SPAG
+  (the tuned tau scale) with DPP, random and oracle safety data against the attack on ``Config.selection_attack``,
+  judged on that dataset's test prompts (units ``prompts_sel``), with their utility (``problems``: the same
+  additions) and their over-refusal and helpfulness on benign requests in that attack's format (``benign_sel``).
 
 **Tuning.** Each defence's knob (SPAG: the scale c of (tau, delta) = c (0.2, 0.1); Lisa: rho; Vaccine: rho;
 SafeLoRA: the threshold; mixing: the exposure, copies of the safety data in the fine-tuning set) is chosen once
@@ -700,11 +704,13 @@ def run(cfg: Config) -> SeedRun:
     if {s.prompt for s in ft_sel if s.kind == "utility"} != {s.prompt for s in ft if s.kind == "utility"}:
         raise AssertionError("the selection world's fine-tuning additions differ from the seed's")
     sel_prompts = [s.prompt for s in world.test[sel_cfg.attack]]
+    benign_sel = benign_requests(sel_cfg, world)
 
     per_prompt: dict[str, dict[str, list[float]]] = {}
     per_sel: dict[str, dict[str, list[float]]] = {}
     per_problem: dict[str, dict[str, list[float]]] = {}
     per_benign: dict[str, dict[str, list[float]]] = {}
+    per_benign_sel: dict[str, dict[str, list[float]]] = {}
     metrics: dict[str, dict[str, float]] = {}
     series: dict[str, Any] = {"safety_loss": {}}
     models: dict[str, Any] = {}
@@ -779,6 +785,10 @@ def run(cfg: Config) -> SeedRun:
                                  cfg.seed)
             asr, strict, learned = harmful_outcomes(model, tok, judge, sel_prompts, cfg.max_new_tokens, clf)
             per_sel[arm] = {"asr": asr, "asr_strict": strict, "asr_classifier": learned}
+            # the cost of the defence in the selection world: utility and benign requests in its attack's format
+            per_problem[arm] = {"utility": utility_outcomes(model, tok, problems)}
+            refused, helped = benign_outcomes(model, tok, world, benign_sel, cfg.max_new_tokens)
+            per_benign_sel[arm] = {"over_refusal": refused, "helpfulness": helped}
             metrics[arm] = {"train_s": float(stats["train_s"]), "relevant_share": sel["relevant_share"],
                             "safety_k": sel["k"]}
             sel_safety[arm] = safe
@@ -807,12 +817,15 @@ def run(cfg: Config) -> SeedRun:
     if per_sel:
         units["prompts_sel"] = per_sel
         unit_ids["prompts_sel"] = [text_id(p) for p in sel_prompts]
+        units["benign_sel"] = per_benign_sel
+        unit_ids["benign_sel"] = [text_id(s.prompt) for s in benign_sel]
         held_out["prompts_sel"] = held_out["prompts"]
     return SeedRun(metrics, series=series, notes=notes, units=units, unit_ids=unit_ids, held_out=held_out)
 
 
 def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """ASR and utility per arm (mean over seeds), and the SPAG arms' safety loss against steps."""
+    """ASR and utility per arm (mean over seeds), the SPAG arms' safety loss against steps, each arm's over-refusal
+    against its ASR per seed, and (full) the selection arms' relevant share against their ASR per seed."""
     arms = [a for a in ARMS if a in result["arms"] and a not in SELECTION_ARMS]
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 3.6))
     asr = [result["arms"][a]["asr"]["mean"] for a in arms]
@@ -848,5 +861,20 @@ def plot(runs: list[SeedRun], result: dict[str, Any], out_dir: Path) -> list[Pat
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=6, ncol=2)
     paths.append(save_figure(fig, out_dir / f"{result['mode']}_asr_vs_over_refusal.png"))
+    sel_arms = [a for a in SELECTION_ARMS if a in result["arms"]]
+    if sel_arms:
+        # the selection world: how relevant each selector's safety data is against the attack success it leaves
+        fig, ax = new_figure(1, 1, figsize=(6.5, 4.5))
+        for k, arm in enumerate(sel_arms):
+            pts = [(r.metrics[arm]["relevant_share"], np.mean(r.units["prompts_sel"][arm]["asr"]))
+                   for r in runs if arm in r.units.get("prompts_sel", {})]
+            x_, y_ = zip(*pts, strict=True)
+            ax.scatter(x_, y_, s=18, color=f"C{k}", label=arm)
+        ax.set_xlabel("share of the safety data from the attacked dataset (per seed)")
+        ax.set_ylabel("ASR on the selection attack's held-out prompts (per seed)")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, out_dir / f"{result['mode']}_selection.png"))
     return paths
 
