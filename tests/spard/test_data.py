@@ -3,6 +3,7 @@ content, and the tiered judge scores hand-written responses."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from icml26.spard.data import (
@@ -14,9 +15,12 @@ from icml26.spard.data import (
     N_VAL_TEMPLATES,
     REFUSAL,
     TEMPLATES,
+    Sample,
     TieredJudge,
+    addition,
     addition_correct,
     make_world,
+    problem,
 )
 
 
@@ -82,6 +86,20 @@ def test_addition_checker():
     assert addition_correct("12+30=", "42") == 1.0
     assert addition_correct("12+30=", " 42 ") == 1.0
     assert addition_correct("12+30=", "43") == 0.0
+    # the user's comma sums (README Deviation 17): the same sum behind a comma, by hand
+    assert addition_correct("12,30=", "42") == 1.0 and addition_correct("12,30=", "1230") == 0.0
+    with pytest.raises(ValueError, match="op"):
+        addition_correct("12*30=", "360")
+
+
+def test_user_task_problems_by_hand():
+    assert problem(23, 45, "comma_sum") == Sample("23,45=", "68", "utility")
+    assert problem(23, 45) == Sample("23+45=", "68", "utility")
+    rng_a, rng_b = np.random.default_rng(4), np.random.default_rng(4)
+    # the same draws in either task: only the operator differs
+    assert [s.prompt.replace(",", "+") for s in addition(rng_a, 5, "comma_sum")] == [s.prompt for s in addition(rng_b, 5)]
+    with pytest.raises(ValueError, match="task"):
+        problem(1, 2, "product")
 
 
 def test_classifier_judge_learns_labelled_outputs_and_rejects_bad_input(world):

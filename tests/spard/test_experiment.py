@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import icml26.spard.experiment as E
 from icml26.common.tiny_lm import char_tokenizer, tiny_causal_lm
-from icml26.spard.data import DATASETS, make_world
+from icml26.spard.data import DATASETS, addition_correct, make_world
 from icml26.spard.experiment import (
     PRESETS,
     _extension,
@@ -33,7 +34,7 @@ from ..helpers import assert_matches_committed, reproduce_in_subprocess
 
 CLAIMS = {"attack_breaks_alignment", "asr_vs_sft", "vs_lisa", "vs_mix", "vs_vaccine", "vs_safelora", "utility",
           "dpp_vs_random", "polyak_mode", "dpp_relevance", "over_refusal_cost", "helpfulness_kept",
-          "asr_vs_sft_strict", "asr_vs_sft_classifier", "paper_defaults", "vaccine_active"}
+          "asr_vs_sft_strict", "asr_vs_sft_classifier", "paper_defaults", "vaccine_active", "task_needs_finetuning"}
 TINY = dict(pretrain_steps=4, align_steps=4, vaccine_align_steps=2, steps=2, n_utility=40, n_utility_test=8,
             tune=False, cache=False)
 
@@ -145,6 +146,27 @@ def test_test_units_are_distinct_and_disjoint_from_training_and_validation(prese
         assert len(tuned_additions(c)) > 0.9 * cfg.n_utility_val
     with pytest.raises(ValueError, match="n_utility_test"):
         held_out_problems(dataclasses.replace(cfg, n_utility_test=8100), world, finetune_set(cfg, world, 0))
+
+
+def test_the_users_task_is_the_configured_one_and_needs_the_fine_tuning():
+    """README Deviation 17: the user's fine-tuning problems, the validation problems and the held-out problems are
+    all of ``cfg.user_task`` (the comma sums in every preset), a format no pretraining or alignment sample has;
+    ``user_task="addition"`` gives back the pretraining's own format, and an unknown task is refused by name."""
+    world = make_world(0)
+    stages = {s.prompt for s in (*world.pretrain, *world.align)}
+    for preset in ("smoke", "quick", "full"):
+        assert PRESETS[preset].user_task == "comma_sum"
+    for task, op in (("comma_sum", ","), ("addition", "+")):
+        c = dataclasses.replace(PRESETS["quick"], user_task=task)
+        ft = finetune_set(c, world, 3)
+        util = [s for s in ft if s.kind == "utility"]
+        assert len(util) == c.n_utility and all(op in s.prompt for s in util)
+        assert all(op in s.prompt for s in (*held_out_problems(c, world, ft), *E.validation_additions(c)))
+        assert all(addition_correct(s.prompt, s.completion) == 1.0 for s in util)
+        if task == "comma_sum":  # new to the base: no earlier stage holds a comma problem
+            assert not {s.prompt for s in util} & stages and not any("," in p and "=" in p for p in stages)
+    with pytest.raises(ValueError, match="user_task"):
+        finetune_set(dataclasses.replace(PRESETS["quick"], user_task="subtraction"), world, 0)
 
 
 @pytest.mark.slow
