@@ -248,7 +248,7 @@ def test_run_tunes_every_learned_arm_on_validation_and_records_the_choice(monkey
     monkeypatch.setattr(experiment, "train", stub)
     cfg = dataclasses.replace(
         SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, lr_grid=(1e-4, 1e-3), tune_episodes=3,
-        arm_lr=(), arm_lr_edge=(),
+        arm_lr=(), arm_lr_edge=(), select_checkpoint=False,  # the stub never reaches a curve point
     )
     out = experiment.run(cfg)
     learned = ("sarl", "sarl_no_moe", "mlp_knn_kss", "sarl_no_shield")
@@ -293,7 +293,8 @@ def test_run_trains_each_arm_at_its_fixed_rate_under_the_configured_schedule(mon
 
     monkeypatch.setattr(experiment, "train", stub)
     cfg = dataclasses.replace(
-        SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, curve_points=0, lr=1e-3, lr_end_frac=0.0,
+        SMALL, budget=50, eval_episodes=2, eval_episodes_scales=1, curve_points=0, select_checkpoint=False, lr=1e-3,
+        lr_end_frac=0.0,
         arm_lr=(("sarl", 3e-4), ("mlp_knn_kss", 3e-3)), arm_lr_edge=("sarl",),
     )
     out = experiment.run(cfg)
@@ -316,3 +317,70 @@ def test_run_trains_each_arm_at_its_fixed_rate_under_the_configured_schedule(mon
         dataclasses.replace(cfg, lr_grid=(1e-4, 1e-3), arm_lr_edge=())
     with pytest.raises(ValueError, match="lr_end_frac"):
         dataclasses.replace(cfg, lr_end_frac=-0.5)
+
+
+def test_best_checkpoint_keeps_a_copy_of_the_first_maximum():
+    """Early stopping on validation (README Deviation 12): the first of equal maxima, a copy that later training
+    does not change, restored exactly; the edge flag at the first and last point; bad input refused."""
+    from icml26.sarl.experiment import BestCheckpoint
+
+    net = torch.nn.Linear(2, 1)
+    best = BestCheckpoint()
+    states = []
+    for step, score in ((10, 0.2), (20, 0.6), (30, 0.6), (40, 0.1)):
+        with torch.no_grad():
+            net.weight.fill_(float(step))  # in place, as an optimiser step changes the weights
+        states.append(net.weight.detach().clone())
+        best.record(step, score, net)
+    assert (best.step, best.index, best.score, best.n) == (20, 1, 0.6, 4)
+    assert not best.at_edge
+    best.restore(net)
+    assert torch.equal(net.weight, states[1])
+    edge = BestCheckpoint()
+    for step, score in ((10, 0.5), (20, 0.5)):
+        edge.record(step, score, net)
+    assert edge.step == 10 and edge.at_edge  # ties go to the smaller budget, an edge of the curve
+    with pytest.raises(ValueError, match="finite"):
+        BestCheckpoint().record(1, float("nan"), net)
+    with pytest.raises(RuntimeError, match="record"):
+        BestCheckpoint().restore(net)
+
+
+def test_run_evaluates_each_arm_at_its_best_validation_checkpoint(monkeypatch):
+    """With ``select_checkpoint`` the policy each arm is evaluated with is its state at the best curve point (the
+    validation success is stubbed to peak at the first point of every arm), the chosen budget and its edge flag are
+    recorded per arm and noted on the headline; without it the policy at the end of the budget is evaluated."""
+    from icml26.sarl import experiment
+
+    from .test_sarl import SMALL
+
+    cfg = dataclasses.replace(SMALL, budget=600, eval_episodes=2, eval_episodes_scales=1, curve_points=3,
+                              curve_episodes=2, select_checkpoint=True)
+    calls = {"n": 0}
+
+    def val(act, shielded, core, seeds):
+        calls["n"] += 1
+        return 1.0 if calls["n"] % 3 == 2 else 0.0  # greedy_kss first, then 1, 0, 0 per learned arm
+
+    restored: list[int] = []
+    real_restore = experiment.BestCheckpoint.restore
+
+    def restore(self, module):
+        restored.append(self.index)
+        real_restore(self, module)
+
+    monkeypatch.setattr(experiment, "validation_success", val)
+    monkeypatch.setattr(experiment.BestCheckpoint, "restore", restore)
+    out = experiment.run(cfg)
+    assert restored == [0, 0, 0, 0]
+    for arm in experiment.LEARNED_ARMS:
+        curve = out.series["val_curves"][arm]
+        assert [s for _, s in curve] == [1.0, 0.0, 0.0]
+        assert out.metrics[arm]["budget_chosen"] == curve[0][0] and out.metrics[arm]["budget_at_edge"] == 1.0
+        assert out.metrics[arm]["val_success_chosen"] == 1.0
+    assert "checkpoint chosen on validation" in out.notes["not_only_the_shield"]
+    restored.clear()
+    plain = experiment.run(dataclasses.replace(cfg, select_checkpoint=False, curve_seed=cfg.seed))
+    assert restored == [] and "budget_chosen" not in plain.metrics["sarl"]
+    with pytest.raises(ValueError, match="select_checkpoint"):
+        dataclasses.replace(cfg, curve_points=1)
