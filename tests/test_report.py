@@ -134,6 +134,21 @@ def test_card_history_lists_changes_after_the_first_result(git_tree):
     assert any("'absolute' changed on the card" in p and "direction" in p for p in outcome.problems)
 
 
+def test_card_history_lists_a_change_of_the_claims_a_precondition_gates(git_tree):
+    """A precondition's ``gates`` is a decision field: scoping it after a result shows in the card history (it was
+    computed but not compared until the COCA #51 item 3 revision, whose gates change the history left out)."""
+    root, _demo, _ = git_tree
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results")
+    scoped = DEMO_CARD.replace('check = "method.acc >= 0.99 over seeds"',
+                               'check = "method.acc >= 0.99 over seeds"\nkind = "precondition"\ngates = ["items"]')
+    changed = write_demo_card(root, scoped)
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "scope the precondition")
+    update(root, papers=[changed])
+    text = (changed.folder / "README.md").read_text()
+    assert "| absolute | kind: `evidence` → `precondition`; gates: `` → `items` |" in text
+
+
 def test_card_history_lists_preset_changes_at_the_result_that_first_ran_them(git_tree):
     """A preset change (the config a committed result stores) is a row of the card history at the result commit
     that first ran it, naming each changed setting and the headline's verdict before and after; a rerun with the

@@ -34,7 +34,7 @@ from typing import Any
 from .common.claims import parse_check
 
 #: the fields of a claim whose change can move its verdict
-DECISION_FIELDS = ("threshold", "comparison", "test", "units", "direction", "headline", "kind", "modes")
+DECISION_FIELDS = ("threshold", "comparison", "test", "units", "direction", "headline", "kind", "modes", "gates")
 _CHECK_PARTS = re.compile(r"(?P<op>>=|<=|>|<)\s*(?P<threshold>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")
 
 
