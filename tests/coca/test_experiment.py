@@ -298,7 +298,9 @@ def test_the_ood_pool_is_judged_three_more_ways(tiny_run):
     for arm, m in out.units["ood_prompts"].items():
         assert {"asr_ood", "comply_ood", "asr_ood_strict", "asr_ood_classifier"} <= set(m), arm
         assert all(s <= d <= c for s, d, c in zip(m["asr_ood_strict"], m["asr_ood"], m["comply_ood"], strict=True))
-        assert 0.0 <= out.metrics[arm]["judge_agreement"] <= 1.0
+        # judge_agreement is the share of OOD units on which the classifier and the tiered judge agree
+        agree = np.mean(np.equal(m["asr_ood"], m["asr_ood_classifier"]))
+        assert out.metrics[arm]["judge_agreement"] == pytest.approx(agree, abs=1e-12), arm
     for s in OOD_SUITES:  # the stored samples re-judged by hand with the strict judge
         for arm, samples in out.series["samples"].items():
             first = samples[s][0]
