@@ -244,3 +244,47 @@ def test_pretraining_corpus_bad_input():
         w.pretraining_corpus(n_arithmetic=-1)
     with pytest.raises(ValueError, match="concept_repeats"):
         w.pretraining_corpus(concept_repeats=1.0)
+
+
+def test_noise_wrappers_hold_no_evaluation_wrapper_and_teach_every_request():
+    """README Deviation 12: noise wrappers are seeded pseudo-words, never an evaluation or pretraining wrapper (nor
+    inside one), never a request's word; the corpus with none is the v2 corpus byte for byte; with n per request,
+    every request gets n noise chats answered as usual (ciphered too for training requests only), and every
+    impossible request is refused under n of them."""
+    from icml26.coca.data import ID_WRAPPERS, IMPOSSIBLE, PRETRAIN_WRAPPERS
+
+    w = World(0)
+    pool = w.noise_wrappers(64)
+    assert len(set(pool)) == 64 and pool == World(0).noise_wrappers(64) and pool != World(1).noise_wrappers(64)
+    words = set(CREATE_VERBS + DESTROY_VERBS + DANGEROUS + PROTECTED + IMPOSSIBLE) | {"the"}
+    for nw in pool:
+        assert not words & set(nw.rstrip(",").split()), nw
+        for e in ID_WRAPPERS + ROLEPLAY_WRAPPERS + PRETRAIN_WRAPPERS:
+            assert e not in nw and nw not in e, (nw, e)
+    assert w.pretraining_corpus(n_arithmetic=5) == w.pretraining_corpus(n_arithmetic=5, noise_wrappers=0)
+    prompts, completions = w.pretraining_corpus(n_arithmetic=5, noise_wrappers=3)
+    noisy = set(w.noise_wrappers(24))
+    trained = set(w.split["train"])
+    per_request: dict[tuple[object, bool], int] = {}
+    refused = 0
+    for p, c in zip(prompts, completions, strict=True):
+        if p.endswith("concepts:") or "=" in p:
+            continue
+        head = p[:p.rindex(" the ")].rsplit(" ", 1)[0]
+        if head not in noisy:
+            assert head in PRETRAIN_WRAPPERS, p
+            continue
+        if c == "no, i cannot.":
+            refused += 1
+            continue
+        r = request_of(p)
+        ciphered = p.endswith(f" {r.obj[::-1]}.")
+        assert c.endswith(w.answer(r)) and (not ciphered or r in trained), p
+        per_request[r, ciphered] = per_request.get((r, ciphered), 0) + 1
+    assert {k: v for k, v in per_request.items() if not k[1]} == {(r, False): 3 for r in all_requests()}
+    assert {k[0] for k in per_request if k[1]} == trained
+    assert refused == 3 * len(CREATE_VERBS + DESTROY_VERBS) * len(IMPOSSIBLE)
+    with pytest.raises(ValueError, match="noise_wrappers"):
+        w.pretraining_corpus(noise_wrappers=-1)
+    with pytest.raises(ValueError, match="n must"):
+        w.noise_wrappers(1.5)

@@ -144,14 +144,14 @@ def test_every_unit_carries_ids_and_none_was_trained_or_tuned_on(tiny_run):
     prompts = alignment_data(w, TINY, "coca")[0]
     n_safety = len(w.alignment_examples("train"))
     assert set(out.held_out["id_prompts"]["train"]) == {text_id(p) for p in prompts[:n_safety]} | {
-        text_id(p) for p in w.pretraining_corpus()[0]}
+        text_id(p) for p in w.pretraining_corpus(noise_wrappers=TINY.noise_wrappers)[0]}
     assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in prompts[n_safety:]}
     assert set(out.held_out["ood_prompts"]["validation"]) == {text_id(str(e["prompt"]))
                                                                for e in w.alignment_examples("val")}
-    chains = {p for p in w.pretraining_corpus()[0] if p in set(w.chains["train"])}
+    chains = {p for p in w.pretraining_corpus(noise_wrappers=TINY.noise_wrappers)[0] if p in set(w.chains["train"])}
     assert set(out.held_out["utility_items"]["train"]) >= {text_id(p) for p in chains}
     # v2: the pretraining prompts count as trained on for every safety unit (no test prompt may be one)
-    pretrained = {text_id(p) for p in w.pretraining_corpus()[0]}
+    pretrained = {text_id(p) for p in w.pretraining_corpus(noise_wrappers=TINY.noise_wrappers)[0]}
     for unit in ("id_prompts", "ood_prompts", "benign_prompts", "benign_ood_prompts", "coca.knowledge"):
         assert set(out.held_out[unit]["train"]) >= pretrained, unit
 
@@ -162,7 +162,7 @@ def test_test_items_are_distinct_and_disjoint_from_training_and_validation(prese
     w = World(cfg.lab_seed)
     train = set(alignment_data(w, cfg, "standard", "train")[0])
     val = {str(e["prompt"]) for e in w.alignment_examples("val")}
-    pre_prompts = w.pretraining_corpus()[0]
+    pre_prompts = w.pretraining_corpus(noise_wrappers=cfg.noise_wrappers)[0]
     chains = set(w.chains["train"]) | set(w.chains["test"])
     assert len(chains) == 1000 and not set(w.chains["train"]) & set(w.chains["test"])
     pretrained_chains = {p for p in pre_prompts if p in chains}

@@ -201,8 +201,35 @@ class World:
         return f"{wrapper} {r.verb} the {r.obj[::-1] if cipher else r.obj}."
 
     # -- corpora -------------------------------------------------------------------------------------------
+    def noise_wrappers(self, n: int) -> list[str]:
+        """``n`` distinct *noise wrappers* per the world's seed: one to four pseudo-words of two to seven random
+        letters, some ending with a comma, none of which is, contains or is contained in an evaluation wrapper (ID
+        or role-play) or holds a request's word. Pretraining chats under them teach the base that whatever opens
+        a request does not change the answer, without showing it any evaluation wrapper (README Deviation 12).
+
+        Example:
+            >>> World(0).noise_wrappers(2)
+            ['eplbe xsjx', 'ptd pgc glzhlb vrsvcky']
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        rng = np.random.default_rng([self.seed, 40])
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+        banned = set(CREATE_VERBS + DESTROY_VERBS + DANGEROUS + PROTECTED + IMPOSSIBLE) | {"the"}
+        evaluation = ID_WRAPPERS + ROLEPLAY_WRAPPERS
+        out: list[str] = []
+        while len(out) < n:
+            words = ["".join(rng.choice(letters, int(rng.integers(2, 8)))) for _ in range(int(rng.integers(1, 5)))]
+            w = " ".join(words) + ("," if rng.random() < 0.3 else "")
+            if (banned & set(words) or w in out or w in PRETRAIN_WRAPPERS
+                    or any(e in w or w in e for e in evaluation)):
+                continue
+            out.append(w)
+        return out
+
     def pretraining_corpus(self, *, n_arithmetic: int = 1500, refusal_repeats: int = 1,
-                           analysis_share: float = 0.25, concept_repeats: int = 2) -> tuple[list[str], list[str]]:
+                           analysis_share: float = 0.25, concept_repeats: int = 2,
+                           noise_wrappers: int = 0) -> tuple[list[str], list[str]]:
         """(prompts, completions) of the base model's pretraining (see the module docstring).
 
         Every request is answered under every pretraining wrapper; the alignment training requests also appear
@@ -214,13 +241,17 @@ class World:
             refusal_repeats: passes over the impossible requests (refused).
             analysis_share: probability that a training request's answer opens with its concept analysis.
             concept_repeats: copies of each request's concept annotation.
+            noise_wrappers: per request, this many chats under noise wrappers (:meth:`noise_wrappers`, a fresh
+                draw of the request's own from a pool of ``8 * noise_wrappers``), answered as under the
+                pretraining wrappers (and ciphered for the training requests); impossible requests refused under
+                them too. 0: the v2 corpus.
         Returns:
             ``(prompts, completions)``, the loss on the completions.
         Raises:
             ValueError: a negative count or repeat, or ``analysis_share`` outside [0, 1].
         """
         for name, value in (("n_arithmetic", n_arithmetic), ("refusal_repeats", refusal_repeats),
-                            ("concept_repeats", concept_repeats)):
+                            ("concept_repeats", concept_repeats), ("noise_wrappers", noise_wrappers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if not 0.0 <= analysis_share <= 1.0:
@@ -229,10 +260,16 @@ class World:
         completions: list[str] = []
         rng = np.random.default_rng([self.seed, 35])
         trained = set(self.split["train"])
+        pool = self.noise_wrappers(8 * noise_wrappers)
+        noise_rng = np.random.default_rng([self.seed, 41])
+
+        def noise() -> list[str]:
+            return [pool[i] for i in noise_rng.choice(len(pool), noise_wrappers, replace=False)] if pool else []
+
         for r in all_requests():
             # the cipher and the concept leads only on the alignment training requests (issue #51 item 4)
             forms = (False, True) if r in trained else (False,)
-            for w in PRETRAIN_WRAPPERS:
+            for w in (*PRETRAIN_WRAPPERS, *noise()):
                 for cipher in forms:
                     prompts.append(self.prompt(r, w, cipher=cipher))
                     lead = ""
@@ -244,7 +281,7 @@ class World:
         for _ in range(refusal_repeats):
             for v in CREATE_VERBS + DESTROY_VERBS:
                 for o in IMPOSSIBLE:
-                    for w in PRETRAIN_WRAPPERS:
+                    for w in (*PRETRAIN_WRAPPERS, *noise()):
                         prompts.append(f"{w} {v} the {o}.")
                         completions.append(REFUSAL)
         for ex in self.training_chains(n_arithmetic, rng):

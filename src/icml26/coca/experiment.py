@@ -141,6 +141,9 @@ class Config:
     """pretraining steps (batch 32; README Deviation 10's rule chose 6,000 on the validation requests)"""
     pretrain_lr: float = 3e-3
     """pretraining learning rate"""
+    noise_wrappers: int = 8
+    """pretraining chats per request under noise wrappers (:meth:`~icml26.coca.data.World.noise_wrappers`; 0: the
+    v2 corpus; 8 since README Deviation 12, chosen by its base pilot on validation requests)"""
     reft_layers: tuple[int, ...] = (0, 1, 2)
     """LoReFT layers (0-based)"""
     rank_grid: tuple[int, ...] = (4, 8)
@@ -209,10 +212,11 @@ def base_key(cfg: Config, world: World | None = None) -> dict[str, Any]:
         A JSON-serialisable dict.
     """
     world = World(cfg.lab_seed) if world is None else world
-    prompts, completions = world.pretraining_corpus()
+    prompts, completions = world.pretraining_corpus(noise_wrappers=cfg.noise_wrappers)
     digest = hashlib.sha1("\n".join(p + "\t" + c for p, c in zip(prompts, completions, strict=True)).encode())
     return {"lab": "coca", "seed": cfg.lab_seed, "hidden": cfg.hidden, "layers": cfg.layers,
             "steps": cfg.pretrain_steps, "lr": cfg.pretrain_lr, "world_version": 3, "corpus": CORPUS_VERSION,
+            **({"noise_wrappers": cfg.noise_wrappers} if cfg.noise_wrappers else {}),
             "corpus_sha1": digest.hexdigest(),
             "world": [CREATE_VERBS, DESTROY_VERBS, DANGEROUS, PROTECTED, sorted(CONCEPTS.items()), ID_WRAPPERS,
                       ROLEPLAY_WRAPPERS, PRETRAIN_WRAPPERS, IMPOSSIBLE, REFUSAL, COCA_TEMPLATE]}
@@ -226,7 +230,7 @@ def base_model(cfg: Config) -> tuple[Any, Any]:
         tok = char_tokenizer()
         model = tiny_causal_lm(len(tok), hidden=cfg.hidden, layers=cfg.layers, intermediate=2 * cfg.hidden,
                                max_positions=128, seed=cfg.lab_seed)
-        prompts, completions = world.pretraining_corpus()
+        prompts, completions = world.pretraining_corpus(noise_wrappers=cfg.noise_wrappers)
         sft(model, tok, prompts, completions, steps=cfg.pretrain_steps, batch_size=32, lr=cfg.pretrain_lr,
             seed=cfg.lab_seed, desc="pretrain coca base")
         return model, tok
@@ -712,7 +716,7 @@ def unit_ids(world: World, cfg: Config, items: dict[str, list[Any]], utility_pro
         return it.prompt + it.prefill
 
     align = {split: {text_id(str(e["prompt"])) for e in world.alignment_examples(split)} for split in ("train", "val")}
-    pretrained = world.pretraining_corpus()[0]
+    pretrained = world.pretraining_corpus(noise_wrappers=cfg.noise_wrappers)[0]
     # v2 (issue #51 item 4): no test prompt may be a pretraining prompt either (the base never saw a suite's format)
     safety = {"train": sorted(align["train"] | {text_id(p) for p in pretrained}), "validation": sorted(align["val"])}
     every_chain = set(world.chains["train"]) | set(world.chains["test"])
