@@ -102,10 +102,11 @@ def test_user_task_problems_by_hand():
         problem(1, 2, "product")
 
 
-def test_classifier_judge_learns_labelled_outputs_and_rejects_bad_input(world):
+def test_classifier_judge_learns_labelled_outputs(world):
     """Trained on labelled responses to validation prompts (compliance 1, refusal and an empty "sure" 0), the
     classifier judge labels responses to unseen test prompts as the hand-written rubric does."""
-    from icml26.spard.data import ClassifierJudge, harmful_content
+    from icml26.common.judges import ClassifierJudge
+    from icml26.spard.data import harmful_content
 
     judge = TieredJudge(world)
     val = [s for d in DATASETS for s in world.val[d]]
@@ -117,14 +118,4 @@ def test_classifier_judge_learns_labelled_outputs_and_rejects_bad_input(world):
     responses = [s.completion for s in test] + [REFUSAL, "sure, p.", "sure, i"]
     want = [harmful_content(judge, s.prompt, r) for s, r in zip(test + test[:3], responses, strict=True)]
     assert clf.predict(responses).tolist() == want == [1] * 40 + [0, 0, 0]
-    assert clf.n_train == len(texts)
-    with pytest.raises(ValueError, match="both classes"):
-        ClassifierJudge().fit(["no."] * 3, [0, 0, 0])
-    with pytest.raises(ValueError, match="length"):
-        ClassifierJudge().fit(["no."], [0, 1])
-    with pytest.raises(ValueError, match="0/1"):
-        ClassifierJudge().fit(["a", "b"], [0, 2])
-    with pytest.raises(ValueError, match="C"):
-        ClassifierJudge(C=0.0)
-    with pytest.raises(RuntimeError, match="fit"):
-        ClassifierJudge().predict(["x"])
+    assert clf.n_train == len(texts)  # its bad input: tests/test_judges.py

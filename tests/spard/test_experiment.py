@@ -316,7 +316,8 @@ def test_harmful_outcomes_scores_each_response_by_three_judges(monkeypatch):
     """Hand-checked: the lenient row (score >= 3), the strict row (score 5) and the classifier row, all on the
     model's responses (the classifier reads the responses, never the prompts)."""
     import icml26.spard.experiment as E
-    from icml26.spard.data import ClassifierJudge, TieredJudge
+    from icml26.common.judges import ClassifierJudge
+    from icml26.spard.data import TieredJudge
 
     world = make_world(0)
     tests = world.test["crime_i"][:4]

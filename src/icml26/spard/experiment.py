@@ -79,6 +79,7 @@ import numpy as np
 import torch
 
 from ..common.cache import cached_json
+from ..common.judges import ClassifierJudge
 from ..common.plotting import new_figure, save_figure
 from ..common.progress import progress
 from ..common.results import SeedRun
@@ -99,7 +100,6 @@ from .data import (
     REFUSAL_MARKERS,
     TEMPLATES,
     USER_TASKS,
-    ClassifierJudge,
     Sample,
     TieredJudge,
     World,
