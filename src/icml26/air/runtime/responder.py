@@ -334,6 +334,13 @@ class IncidentResponder:
                         "step": self.step}, lazy,
                        mentioned_lists)
 
+    def _reaches_party(self, call: ToolCall) -> bool:
+        """Whether the call only reads and declares the party it reaches (its manifest targets: a page fetched from
+        its URL), so its output is that outside party's content."""
+        if self.manifest is None or not self.manifest.read_only(call.name):
+            return False
+        return bool(self.manifest.call_fields(call.name, call.args)["targets"])
+
     def _user_directed(self, call: ToolCall) -> bool:
         """Whether the call reads a source the user's task names (a file, page, channel or account given as an
         argument): the entities in its output are then vouched for by the user, not introduced by data."""
@@ -445,6 +452,12 @@ class IncidentResponder:
             tainted, found = scan_output(result, self.named_entities, limits=limits)   # tainted, instruction
             self._add_taint("taint", tainted)
             if self._user_directed(call):               # a source the user named vouches for what it carries
+                # ... except a page fetched from an outside party (a read that declares the party it reaches: its
+                # URL): its links are that party's, not the user's, and stay untrusted data (README, Deviations 21)
+                offsite = links_of(found) if self._reaches_party(call) else set()
+                if offsite:
+                    found = found - offsite
+                    self._add_taint("instruction_taint", offsite)
                 self._add_taint("vouched", found)
                 self._add_taint("pointed", sole_entities(found))
                 if self._delegating and len(self.delegated) < MAX_DELEGATED_CHARS:   # the task's instructions
@@ -900,12 +913,29 @@ def sole_entities(found: set[str]) -> set[str]:
     """
     kinds: dict[str, list[str]] = {}
     for x in found:
-        if not isinstance(x, str) or " " in x.strip():
-            continue
-        kind = ("address" if "@" in x else "account" if ACCOUNT.fullmatch(x) else "link" if "." in x else None)
+        kind = _entity_kind(x)
         if kind is not None:
             kinds.setdefault(kind, []).append(x)
     return {xs[0] for xs in kinds.values() if len(xs) == 1}
+
+
+def _entity_kind(x: Any) -> str | None:
+    """``"address"``, ``"account"``, ``"link"`` (a URL, domain or host) or None (a name, an amount) for one
+    normalised entity of a tool output."""
+    if not isinstance(x, str) or " " in x.strip():
+        return None
+    return "address" if "@" in x else "account" if ACCOUNT.fullmatch(x) else "link" if "." in x else None
+
+
+def links_of(found: Iterable[str]) -> set[str]:
+    """The links (URLs, domains, hosts) among a tool output's entities: what a page fetched from an outside party
+    does not vouch for (README, Deviations 21).
+
+    Example:
+        >>> sorted(links_of({"dora@gmail.com", "www.true-informations.com", "riverside view hotel"}))
+        ['www.true-informations.com']
+    """
+    return {x for x in found if _entity_kind(x) == "link"}
 
 
 def _signature(call: ToolCall) -> str:

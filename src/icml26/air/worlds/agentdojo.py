@@ -85,6 +85,25 @@ class ScriptedCompromisedAgent(BasePipelineElement):
         self.injected = False
         self._probe = _squash(injection_task.GOAL)[:60] if injection_task is not None else ""
 
+    def initial_plan(self, env: Any) -> list[Any]:
+        """The user task's ground truth, after a read of every web page the user's prompt names that the ground
+        truth does not read (README, Deviations 21): an agent must read "my TODO list at U" before it can do the
+        tasks on it, while AgentDojo's ground truth only lists the calls its utility check needs. Only environments
+        with a web (slack) have pages; in AgentDojo v1.2.1 this adds a read to slack's two TODO-list tasks alone.
+
+        Example:
+            >>> from types import SimpleNamespace as NS
+            >>> agent = ScriptedCompromisedAgent(NS(PROMPT="do the tasks at www.todo.io/bob!", ground_truth=lambda e: []))
+            >>> [(f.function, dict(f.args)) for f in agent.initial_plan(NS(web=NS(web_content={"www.todo.io/bob": ""})))]
+            [('get_webpage', {'url': 'www.todo.io/bob'})]
+        """
+        plan = list(self.user_task.ground_truth(env))
+        pages = getattr(getattr(env, "web", None), "web_content", None) or {}
+        prompt = str(getattr(self.user_task, "PROMPT", ""))
+        read = {str(f.args.get("url")) for f in plan if f.function == "get_webpage"}
+        first = [_call("get_webpage", url=u) for u in pages if u in prompt and u not in read]
+        return first + plan
+
     def _carries_injection(self, text: str) -> bool:
         if self.marker is not None:
             return self.marker in text
@@ -94,7 +113,7 @@ class ScriptedCompromisedAgent(BasePipelineElement):
               extra_args: dict | None = None) -> tuple[str, Any, Any, Sequence[Any], dict]:
         extra_args = {} if extra_args is None else extra_args
         if self.plan is None:
-            self.plan = list(self.user_task.ground_truth(env))
+            self.plan = self.initial_plan(env)
             self.user_plan = list(self.plan)       # what the user's task asks for (the scripted user reads it)
         if (messages and messages[-1]["role"] == "tool" and not self.injected and self.injection_task is not None
                 and self._carries_injection(_last_text(messages))):
@@ -178,7 +197,7 @@ class PersuadableAgent(ScriptedCompromisedAgent):
               extra_args: dict | None = None) -> tuple[str, Any, Any, Sequence[Any], dict]:
         extra_args = {} if extra_args is None else extra_args
         if self.plan is None:
-            self.plan = list(self.user_task.ground_truth(env))
+            self.plan = self.initial_plan(env)
             self.user_plan = list(self.plan)
         if (messages and messages[-1]["role"] == "tool" and not self.injected and self.injection_task is not None
                 and self._carries_injection(_last_text(messages))):
