@@ -30,7 +30,11 @@ import torch
 
 from icml26.coca.data import ID_WRAPPERS, ROLEPLAY_WRAPPERS, World
 from icml26.coca.experiment import PRESETS, _judge, base_model, naming_prompt
+from icml26.common.io import atomic_write_text
+from icml26.common.repro import git_revision
 from icml26.common.tiny_lm import generate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CANDIDATES = ((0, 6000), (8, 6000), (8, 12000))
 BAR = 0.9
@@ -76,12 +80,11 @@ def main() -> None:
         if noise and row["clears_bar"]:
             chosen = {"noise_wrappers": noise, "pretrain_steps": steps}
             break
+    sha, dirty = git_revision(ROOT)  # dirty: code (src/, pyproject.toml) differs from the commit
     report = {"rule": __doc__.split("\n\n")[2], "bar": BAR, "validation_requests": len(World(0).split["val"]),
-              "candidates": rows, "chosen": chosen}
+              "candidates": rows, "chosen": chosen, "git_sha": sha, "git_dirty": dirty}
     path = Path(args.out)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}; chosen: {chosen}")
 
 
